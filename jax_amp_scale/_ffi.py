@@ -1,0 +1,173 @@
+"""The XLA FFI lowering: target registration and the `ffi_call` wrapper.
+
+Native handlers come from optional extension modules that each hand out
+capsules (``_native_cpu`` always builds; CUDA and Ascend handlers register
+themselves here when present).  `platforms()` says which lowering platforms
+have a handler; `update_scale_ffi` lowers to the custom call on those and
+to a clear error on the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.interpreters import batching, mlir
+
+try:  # jax >= 0.4.36 exposes Primitive through jax.extend
+    from jax.extend.core import Primitive
+except ImportError:  # pragma: no cover
+    from jax.core import Primitive  # type: ignore[attr-defined,no-redef]
+
+TARGET = "jas_update_scale"
+
+# Lowering platform name (as `lax.platform_dependent` and `jax.export` spell
+# it) -> the name `jax.ffi.register_ffi_target` wants.
+_XLA_PLATFORM = {"cpu": "cpu", "cuda": "CUDA", "rocm": "ROCM"}
+
+_registered: set[str] = set()
+_load_errors: dict[str, str] = {}
+
+
+def register_target(platform: str, capsule: Any, *, xla_platform: str | None = None) -> None:
+    """Registers the update-scale handler `capsule` for a lowering platform.
+
+    Idempotent per platform.  Used by the native modules here and by
+    `jax_amp_scale.plugin` for PJRT plugin platforms.
+    """
+    platform = platform.lower()
+    if platform in _registered:
+        return
+    jax.ffi.register_ffi_target(
+        TARGET, capsule, platform=xla_platform or _XLA_PLATFORM.get(platform, platform)
+    )
+    _registered.add(platform)
+
+
+def mark_registered(platform: str) -> None:
+    """Records a platform whose handler was registered by other means (PJRT C API)."""
+    _registered.add(platform.lower())
+
+
+def _load_native(module: str, platform: str) -> None:
+    try:
+        mod = importlib.import_module(f"jax_amp_scale.{module}")
+    except ImportError as e:
+        _load_errors[platform] = f"{module}: {e}"
+        return
+    for name, capsule in mod.registrations().items():
+        if name == TARGET:
+            register_target(platform, capsule)
+
+
+_load_native("_native_cpu", "cpu")
+
+
+def platforms() -> frozenset[str]:
+    """Lowering platforms that have a native update-scale handler."""
+    return frozenset(_registered)
+
+
+def load_errors() -> dict[str, str]:
+    """Why an optional native module did not load, per platform."""
+    return dict(_load_errors)
+
+
+# A primitive whose only job is to fail, at lowering time and with a clear
+# message, when backend="ffi" is lowered for a platform with no handler.
+# `lax.platform_dependent` traces every branch but lowers only the chosen one,
+# so this costs nothing where a handler exists.
+_unavailable_p = Primitive("jas_update_scale_ffi_unavailable")
+_unavailable_p.multiple_results = True
+_unavailable_p.def_abstract_eval(lambda scale, tracker: (scale, tracker))
+batching.primitive_batchers[_unavailable_p] = lambda args, dims: (
+    _unavailable_p.bind(*args),
+    dims,
+)
+
+
+def _unavailable_lowering(ctx: Any, *args: Any) -> Any:
+    platform = ",".join(ctx.module_context.platforms)
+    have = ", ".join(sorted(_registered)) or "none"
+    raise NotImplementedError(
+        f"jax_amp_scale: backend='ffi' has no native handler for platform "
+        f"'{platform}' (handlers: {have}). Use backend='reference' or 'auto', "
+        f"or register one with jax_amp_scale.plugin.register(platform=...)."
+    )
+
+
+mlir.register_lowering(_unavailable_p, _unavailable_lowering)
+
+
+def _ffi_call(
+    scale: jax.Array,
+    tracker: jax.Array,
+    found: jax.Array,
+    growth_factor: float,
+    backoff_factor: float,
+    growth_interval: int,
+) -> tuple[jax.Array, jax.Array]:
+    # The operator's dtype rule: found_inf has the scale's dtype (1 or 0).
+    found_inf = found.astype(scale.dtype)
+    call = jax.ffi.ffi_call(
+        TARGET,
+        (
+            jax.ShapeDtypeStruct(scale.shape, scale.dtype),
+            jax.ShapeDtypeStruct(tracker.shape, jnp.int32),
+        ),
+        # A vmapped batch of states goes to the handler in one call.
+        vmap_method="broadcast_all",
+        # In place, as torch_npu calls aclnnAmpUpdateScale.
+        input_output_aliases={0: 0, 1: 1},
+    )
+    new_scale, new_tracker = call(
+        scale,
+        tracker,
+        found_inf,
+        growth_factor=np.float64(growth_factor),
+        backoff_factor=np.float64(backoff_factor),
+        growth_interval=np.int64(growth_interval),
+    )
+    return new_scale, new_tracker
+
+
+def update_scale_ffi(
+    scale: jax.Array,
+    growth_tracker: jax.Array,
+    found: jax.Array,
+    *,
+    growth_factor: float,
+    backoff_factor: float,
+    growth_interval: int,
+    fallback: Callable[..., tuple[jax.Array, jax.Array]] | None = None,
+    use_ffi_on: frozenset[str] | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Lowers to the custom call per platform.
+
+    On platforms in `use_ffi_on` (default: every platform with a handler) the
+    custom call is used; elsewhere `fallback` (same signature as
+    `update_scale_ffi` without the keyword-only tail) or, when it is None, a
+    lowering-time error.
+    """
+    attrs = dict(
+        growth_factor=growth_factor,
+        backoff_factor=backoff_factor,
+        growth_interval=growth_interval,
+    )
+    targets = platforms() if use_ffi_on is None else use_ffi_on & platforms()
+
+    def native(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return _ffi_call(s, t, f, growth_factor, backoff_factor, growth_interval)
+
+    def other(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
+        if fallback is not None:
+            return fallback(s, t, f, **attrs)
+        out = _unavailable_p.bind(s, t)
+        return out[0], out[1]
+
+    branches = {p: native for p in sorted(targets)}
+    return jax.lax.platform_dependent(scale, growth_tracker, found, default=other, **branches)

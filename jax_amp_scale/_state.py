@@ -1,0 +1,157 @@
+"""`ScaleState`: the dynamic loss-scale state as an immutable pytree."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+SCALE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+INT32_MAX = 2**31 - 1
+
+# Torch GradScaler's defaults, which are also jmp's and MindSpore's choices
+# for growth and backoff.
+DEFAULT_INIT_SCALE = 2.0**16
+DEFAULT_GROWTH_FACTOR = 2.0
+DEFAULT_BACKOFF_FACTOR = 0.5
+DEFAULT_GROWTH_INTERVAL = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleState:
+    """Dynamic loss-scale state, one step of which is `update_scale`.
+
+    Leaves (arrays, change every step):
+      scale: the loss scale, float32/float16/bfloat16, shape ``()`` or ``(1,)``.
+      growth_tracker: int32 count of consecutive finite steps, same shape.
+
+    Static metadata (Python numbers; part of the treedef, so they become
+    compile-time constants and FFI attributes):
+      growth_factor: multiplier applied every ``growth_interval`` finite steps.
+      backoff_factor: multiplier applied on a step with non-finite gradients.
+      growth_interval: finite steps between growths, in [1, 2**31 - 1].
+
+    The rule, per step (``found_inf`` nonzero or NaN means overflow)::
+
+      if found_inf:
+          scale, tracker = scale * backoff_factor, 0
+      elif tracker + 1 == growth_interval:       # int32, wrapping
+          grown = scale * growth_factor
+          scale = grown if isfinite(grown) else scale
+          tracker = 0
+      else:
+          tracker = tracker + 1
+
+    Build one with `init_scale_state`.
+    """
+
+    scale: jax.Array
+    growth_tracker: jax.Array
+    growth_factor: float = DEFAULT_GROWTH_FACTOR
+    backoff_factor: float = DEFAULT_BACKOFF_FACTOR
+    growth_interval: int = DEFAULT_GROWTH_INTERVAL
+
+
+# Leaves and static fields are declared once, here; jmp's hand-written
+# flatten once dropped a field this way, so every field is tested under jit.
+jax.tree_util.register_dataclass(
+    ScaleState,
+    data_fields=["scale", "growth_tracker"],
+    meta_fields=["growth_factor", "backoff_factor", "growth_interval"],
+)
+
+
+def _is_traced_or_array(value: Any) -> bool:
+    return isinstance(value, jax.Array)  # tracers are jax.Arrays too
+
+
+def check_factor(value: Any, name: str) -> float:
+    """Returns `value` as a Python float, or raises naming `name`.
+
+    Factors are static attributes: Python or NumPy real numbers, finite, > 0.
+    """
+    if _is_traced_or_array(value):
+        raise TypeError(
+            f"{name} must be a Python number (it is a static attribute of the "
+            f"operator), not a JAX array or traced value; got {type(value).__name__}"
+        )
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    out = float(value)
+    if not (math.isfinite(out) and out > 0.0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return out
+
+
+def check_growth_interval(value: Any, name: str = "growth_interval") -> int:
+    """Returns `value` as a Python int in [1, 2**31 - 1], or raises."""
+    if _is_traced_or_array(value):
+        raise TypeError(
+            f"{name} must be a Python int (a static attribute), not a JAX "
+            f"array or traced value; got {type(value).__name__}"
+        )
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer in [1, {INT32_MAX}], got {value!r}")
+    out = int(value)
+    if not 1 <= out <= INT32_MAX:
+        raise ValueError(f"{name} must lie in [1, {INT32_MAX}], got {out}")
+    return out
+
+
+def check_scale_dtype(dtype: Any, name: str = "dtype") -> np.dtype:
+    try:
+        dt = jnp.dtype(dtype)
+    except TypeError as e:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {dtype!r}") from e
+    if dt not in SCALE_DTYPES:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {dt.name}")
+    return dt
+
+
+def init_scale_state(
+    init_scale: float = DEFAULT_INIT_SCALE,
+    growth_factor: float = DEFAULT_GROWTH_FACTOR,
+    backoff_factor: float = DEFAULT_BACKOFF_FACTOR,
+    growth_interval: int = DEFAULT_GROWTH_INTERVAL,
+    dtype: Any = jnp.float32,
+    shape: tuple[int, ...] = (),
+) -> ScaleState:
+    """Creates a `ScaleState` with tracker 0.
+
+    Args:
+      init_scale: starting loss scale; finite, > 0 and finite in ``dtype``
+        (``2**16`` overflows float16: use at most 65504 there).
+      growth_factor, backoff_factor: finite numbers > 0.
+      growth_interval: integer in [1, 2**31 - 1].
+      dtype: float32, float16 or bfloat16 (the Ascend operator's dtypes).
+      shape: ``()`` or ``(1,)`` (the Ascend operator uses ``(1,)``).
+
+    Defaults equal torch's ``GradScaler`` (2**16, 2.0, 0.5, 2000).
+    """
+    dt = check_scale_dtype(dtype)
+    init = check_factor(init_scale, "init_scale")
+    shape = tuple(shape)
+    if shape not in ((), (1,)):
+        raise ValueError(f"shape must be () or (1,), got {shape}")
+    scale = np.asarray(init, dtype=dt)
+    if not np.isfinite(scale.astype(np.float32)):
+        raise ValueError(
+            f"init_scale={init_scale!r} is not finite in {dt.name} "
+            f"(max {float(jnp.finfo(dt).max)})"
+        )
+    return ScaleState(
+        scale=jnp.full(shape, init, dtype=dt),
+        growth_tracker=jnp.zeros(shape, dtype=jnp.int32),
+        growth_factor=check_factor(growth_factor, "growth_factor"),
+        backoff_factor=check_factor(backoff_factor, "backoff_factor"),
+        growth_interval=check_growth_interval(growth_interval),
+    )
