@@ -1,0 +1,260 @@
+"""Per-replica code: `update_scale(..., axis_name=...)` under `shard_map` and `pmap`.
+
+Inside `shard_map`/`pmap` every device computes found_inf from its own shard
+of the gradients; `axis_name` OR-reduces it so every replica takes the same
+decision.  The state enters as a replicated scalar (``P()``) on every device,
+and the FFI handler runs once per device on it.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_amp_scale as jas
+from jax_amp_scale._reference import update_scale_reference
+
+pytestmark = pytest.mark.skipif(
+    jax.device_count() < 8, reason="needs 8 devices (tests/conftest.py sets XLA_FLAGS)"
+)
+
+MODES = [AxisType.Explicit, AxisType.Auto]
+BACKENDS = ["reference", "ffi"]
+# mesh shape, axis names; found_inf is reduced over all of them (a tuple
+# axis_name for the 2-D mesh).
+MESHES = {"1d": ((8,), ("data",)), "2d": ((4, 2), ("data", "model"))}
+STEPS = 12
+
+
+def _mesh(name, mode):
+    shape, names = MESHES[name]
+    return jax.make_mesh(shape, names, axis_types=(mode,) * len(names))
+
+
+def _axis(names):
+    return names[0] if len(names) == 1 else names
+
+
+def _pattern(seed=0):
+    """found_inf per (step, device): True on some steps for single devices."""
+    rng = np.random.default_rng(seed)
+    pattern = np.zeros((STEPS, 8), dtype=bool)
+    for t, d in zip(
+        rng.choice(STEPS, size=5, replace=False), rng.integers(0, 8, size=5), strict=True
+    ):
+        pattern[t, d] = True
+    return pattern
+
+
+def _expected(state, pattern):
+    """Reference trajectory when found_inf is the OR over devices."""
+    scales, trackers = [], []
+    s, g = state.scale, state.growth_tracker
+    for found in pattern.any(axis=1):
+        s, g = update_scale_reference(
+            s,
+            g,
+            jnp.asarray(found),
+            growth_factor=state.growth_factor,
+            backoff_factor=state.backoff_factor,
+            growth_interval=state.growth_interval,
+        )
+        scales.append(np.asarray(s))
+        trackers.append(np.asarray(g))
+    return np.stack(scales), np.stack(trackers)
+
+
+def _local_steps(backend, axis_name):
+    """Per device: STEPS updates driven by this device's column of found flags."""
+
+    def run(state, found_local):  # found_local: (STEPS, 1) bool, this device's
+        def body(state, found):
+            state = jas.update_scale(state, found[0], backend, axis_name=axis_name)
+            return state, (state.scale, state.growth_tracker)
+
+        _, (scales, trackers) = jax.lax.scan(body, state, found_local)
+        return scales, trackers
+
+    return run
+
+
+def _all_shards(x):
+    return [np.asarray(s.data) for s in x.addressable_shards]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16], ids=str)
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", MODES, ids=str)
+def test_shard_map_replicas_stay_in_lockstep(mode, backend, mesh_name, dtype):
+    mesh = _mesh(mesh_name, mode)
+    names = mesh.axis_names
+    state = jas.init_scale_state(2.0**10, growth_interval=3, dtype=dtype)
+    pattern = _pattern()
+    want_scales, want_trackers = _expected(state, pattern)
+    assert len(set(want_scales.astype(np.float32).tolist())) >= 3  # not vacuous
+
+    fn = jax.shard_map(
+        _local_steps(backend, _axis(names)),
+        mesh=mesh,
+        in_specs=(P(), P(None, names)),
+        out_specs=P(),  # shard_map checks these are replicated (check_vma)
+    )
+    with jax.set_mesh(mesh):
+        found = jax.device_put(pattern, NamedSharding(mesh, P(None, names)))
+        scales, trackers = jax.jit(fn)(state, found)
+    assert scales.dtype == dtype
+    for shard in _all_shards(scales):  # every device holds the same values
+        np.testing.assert_array_equal(shard, want_scales)
+    for shard in _all_shards(trackers):
+        np.testing.assert_array_equal(shard, want_trackers)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", MODES, ids=str)
+def test_shard_map_training_step_skips_on_every_device(mode, backend):
+    mesh = _mesh("2d", mode)
+    axes = ("data", "model")
+    rng = np.random.default_rng(3)
+    params = rng.standard_normal((8, 4)).astype(np.float32)
+    grads = rng.standard_normal((8, 4)).astype(np.float32)
+    grads_bad = grads.copy()
+    grads_bad[5, 3] = np.inf  # one element, on one device
+
+    def step(state, p, g):
+        found = ~jnp.all(jnp.isfinite(g))  # this device's shard only
+        state = jas.update_scale(state, found, backend, axis_name=axes)
+        skipped = state.growth_tracker == 0  # growth_interval > steps taken
+        return state, jnp.where(skipped, p, p - 0.5 * g)
+
+    fn = jax.jit(
+        jax.shard_map(
+            step, mesh=mesh, in_specs=(P(), P(*axes), P(*axes)), out_specs=(P(), P(*axes))
+        )
+    )
+    state = jas.init_scale_state(2.0**10, growth_interval=100)
+    with jax.set_mesh(mesh):
+        put = lambda a: jax.device_put(a, NamedSharding(mesh, P(*axes)))  # noqa: E731
+        bad_state, bad_params = fn(state, put(params), put(grads_bad))
+        ok_state, ok_params = fn(state, put(params), put(grads))
+    assert sum(not np.all(np.isfinite(s)) for s in _all_shards(put(grads_bad))) == 1
+    for s in _all_shards(bad_state.scale):
+        assert s == 512.0
+    np.testing.assert_array_equal(np.asarray(bad_params), params)
+    for s in _all_shards(ok_state.scale):
+        assert s == 1024.0
+    np.testing.assert_allclose(np.asarray(ok_params), params - 0.5 * grads, rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_without_the_axis_name_replicas_diverge(backend):
+    # The control for the tests above: the reduction is what keeps replicas
+    # in lockstep.  check_vma=False lets each device return its own state.
+    mesh = _mesh("1d", AxisType.Explicit)
+    pattern = _pattern()
+    state = jas.init_scale_state(2.0**10, growth_interval=3)
+
+    def per_device(axis_name):
+        fn = jax.shard_map(
+            lambda s, f: tuple(x[None] for x in _local_steps(backend, axis_name)(s, f)),
+            mesh=mesh,
+            in_specs=(P(), P(None, "data")),
+            out_specs=P("data"),
+            check_vma=False,
+        )
+        with jax.set_mesh(mesh):
+            scales, _ = jax.jit(fn)(
+                state, jax.device_put(pattern, NamedSharding(mesh, P(None, "data")))
+            )
+        return np.asarray(scales)  # (8, STEPS)
+
+    together, apart = per_device("data"), per_device(None)
+    assert all(np.array_equal(row, together[0]) for row in together)
+    assert not all(np.array_equal(row, apart[0]) for row in apart)
+    # Each device alone follows its own column of found flags.
+    for d in range(8):
+        np.testing.assert_array_equal(apart[d], _expected(state, pattern[:, d : d + 1])[0])
+
+
+def _missing_axis(backend):
+    """Reduces over 'data' only while found_inf varies over 'model' too."""
+    mesh = _mesh("2d", AxisType.Explicit)
+    spec = P(None, ("data", "model"))
+    fn = jax.shard_map(
+        lambda s, f: jas.update_scale(s, f[0, 0], backend, axis_name="data").scale,
+        mesh=mesh,
+        in_specs=(P(), spec),
+        out_specs=P(),
+    )
+    found = np.zeros((1, 8), dtype=bool)
+    found[0, 3] = True  # the device at data=1, model=1
+    with jax.set_mesh(mesh):
+        found = jax.device_put(found, NamedSharding(mesh, spec))
+        return jax.jit(fn)(jas.init_scale_state(2.0**10), found)
+
+
+def test_missing_axis_is_caught_by_shard_map_reference():
+    # The state would differ across 'model': shard_map refuses to call it
+    # replicated (out_specs=P()), at trace time.
+    with pytest.raises(ValueError, match=r"out_specs.*varying over \{model\}"):
+        _missing_axis("reference")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_ffi.py builds the ffi_call results from ShapeDtypeStructs without the "
+    "inputs' varying mesh axes, so shard_map believes the FFI output is replicated "
+    "even when found_inf varies: no error, and the replicas silently diverge.",
+)
+def test_missing_axis_is_caught_by_shard_map_ffi():
+    with pytest.raises(ValueError, match=r"out_specs.*varying over \{model\}"):
+        scale = _missing_axis("ffi")
+        # What happens instead: an array typed replicated whose copies differ.
+        assert len({float(s.data) for s in scale.addressable_shards}) == 1
+
+
+# --- pmap ---------------------------------------------------------------------
+
+
+def _replicate(tree, n=8):
+    return jax.tree.map(lambda a: jnp.broadcast_to(a, (n, *a.shape)), tree)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pmap_replicas_stay_in_lockstep(backend):
+    state = jas.init_scale_state(2.0**10, growth_interval=3)
+    pattern = _pattern(seed=5)
+    want_scales, want_trackers = _expected(state, pattern)
+    run = jax.pmap(_local_steps(backend, "replica"), axis_name="replica")
+    scales, trackers = run(_replicate(state), pattern.T[:, :, None])
+    for d in range(8):
+        np.testing.assert_array_equal(np.asarray(scales[d]), want_scales)
+        np.testing.assert_array_equal(np.asarray(trackers[d]), want_trackers)
+    # Without the axis name each replica follows its own flags.
+    scales, _ = jax.pmap(_local_steps(backend, None))(_replicate(state), pattern.T[:, :, None])
+    for d in range(8):
+        np.testing.assert_array_equal(
+            np.asarray(scales[d]), _expected(state, pattern[:, d : d + 1])[0]
+        )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pmap_training_step_skips_on_every_replica(backend):
+    rng = np.random.default_rng(4)
+    params = rng.standard_normal((8, 3)).astype(np.float32)
+    grads = rng.standard_normal((8, 3)).astype(np.float32)
+    grads[6, 1] = np.nan  # replica 6 only
+
+    def step(state, p, g):
+        found = ~jnp.all(jnp.isfinite(g))
+        new_state = jas.update_scale(state, found, backend, axis_name="i")
+        skip = new_state.scale < state.scale
+        return new_state, jnp.where(skip, p, p - 0.5 * g)
+
+    state, new_params = jax.pmap(step, axis_name="i")(
+        _replicate(jas.init_scale_state(2.0**10)), params, grads
+    )
+    np.testing.assert_array_equal(np.asarray(state.scale), np.full(8, 512.0, np.float32))
+    np.testing.assert_array_equal(np.asarray(new_params), params)
