@@ -2,6 +2,9 @@
 
 import os
 
+# Tests that check bits compare against NumPy; keep JAX on the host CPU.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 # Eight virtual CPU devices for the multi-device tests (test_sharding.py,
 # test_shard_map.py, test_population.py).  XLA reads the flag once, when JAX
 # starts its CPU backend, so it is set here, before any test module touches
