@@ -1,5 +1,7 @@
 """The bad-input matrix: clear TypeError/ValueError naming the argument, at trace time."""
 
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -170,7 +172,7 @@ class TestNativeHandlerChecks:
         )
         return jax.jit(lambda *a: jax.ffi.ffi_call("jas_update_scale", outs)(*a, **attrs))(*args)
 
-    ATTRS = dict(
+    ATTRS: ClassVar[dict] = dict(
         growth_factor=np.float64(2.0), backoff_factor=np.float64(0.5), growth_interval=np.int64(3)
     )
 
