@@ -29,6 +29,7 @@ from jax_amp_scale._scaling import (
     value_and_grad,
 )
 from jax_amp_scale._state import ScaleState, init_scale_state
+from jax_amp_scale.policy import Policy, get_policy, loss_scale_for
 
 __version__ = "0.1.0"
 
@@ -37,9 +38,11 @@ __all__ = [
     "DynamicScale",
     "LossScale",
     "NoOpScale",
+    "Policy",
     # core
     "ScaleState",
     "StaticScale",
+    "Trainer",
     "all_finite",
     "amp_update_scale",
     "as_loss_scale",
@@ -47,7 +50,9 @@ __all__ = [
     "available_backends",
     "dynamic_scale",
     "find_scale_state",
+    "get_policy",
     "init_scale_state",
+    "loss_scale_for",
     "no_op_scale",
     "nonfinite_leaves",
     "nonfinite_paths",
@@ -58,3 +63,11 @@ __all__ = [
     "update_scale",
     "value_and_grad",
 ]
+
+
+def __getattr__(name: str):  # Trainer needs optax, an optional extra: import it lazily
+    if name == "Trainer":
+        from jax_amp_scale._trainer import Trainer
+
+        return Trainer
+    raise AttributeError(f"module 'jax_amp_scale' has no attribute {name!r}")
