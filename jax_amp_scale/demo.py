@@ -266,7 +266,9 @@ def _int_list(text: str) -> list[int]:
     try:
         return [int(s) for s in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -275,7 +277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Train a small MLP in float16 with dynamic loss scaling (synthetic data).",
     )
     parser.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
-    parser.add_argument("--level", default="O2", choices=LEVELS, help="precision level (default O2)")
+    parser.add_argument(
+        "--level", default="O2", choices=LEVELS, help="precision level (default O2)"
+    )
     parser.add_argument(
         "--scale",
         default="auto",
@@ -286,11 +290,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--inject",
         type=_int_list,
         default=[100, 101, 200],
-        help="comma-separated steps with injected overflows (default 100,101,200; '' for none)",
+        help="comma-separated steps with injected overflows (default 100,101,200; '' for none; steps past --steps are ignored)",
     )
     parser.add_argument("--out", default="jax_amp_scale_demo.png", help="PNG path for the plot")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    parser.add_argument("--growth-interval", type=int, default=50, help="dynamic scale growth interval")
+    parser.add_argument(
+        "--growth-interval", type=int, default=50, help="dynamic scale growth interval"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)

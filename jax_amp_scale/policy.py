@@ -78,7 +78,9 @@ def _check_dtype(dtype: Any, name: str) -> np.dtype:
     if isinstance(dtype, str):
         key = dtype.strip().lower()
         if key not in _DTYPE_NAMES:
-            raise ValueError(f"{name}: unknown dtype name {dtype!r}; use one of {sorted(_DTYPE_NAMES)}")
+            raise ValueError(
+                f"{name}: unknown dtype name {dtype!r}; use one of {sorted(_DTYPE_NAMES)}"
+            )
         return jnp.dtype(_DTYPE_NAMES[key])
     try:
         dt = jnp.dtype(dtype)
@@ -189,7 +191,7 @@ LEVELS = ("O0", "O1", "O2", "O3")
 _F32, _F16 = jnp.float32, jnp.float16
 _PRESETS: dict[str, Policy] = {
     "O0": Policy(_F32, _F32, _F32),
-    "O1": Policy(_F32, _F16, _F32, NORM_RULES + (_rank_below_2,)),
+    "O1": Policy(_F32, _F16, _F32, (*NORM_RULES, _rank_below_2)),
     "O2": Policy(_F32, _F16, _F32, NORM_RULES),
     "O3": Policy(_F16, _F16, _F16),
 }
@@ -231,7 +233,9 @@ def get_policy(name: str) -> Policy:
             raise ValueError(f"policy string part {part!r} is not key=dtype (in {name!r})")
         key, value = (s.strip().lower() for s in part.split("=", 1))
         if key not in _KEYS:
-            raise ValueError(f"unknown policy key {key!r} in {name!r}; use params/p, compute/c, output/o")
+            raise ValueError(
+                f"unknown policy key {key!r} in {name!r}; use params/p, compute/c, output/o"
+            )
         if _KEYS[key] in fields:
             raise ValueError(f"policy key {key!r} given twice in {name!r}")
         fields[_KEYS[key]] = _check_dtype(value, key)
