@@ -54,6 +54,9 @@ def test_injected_overflows_never_touch_params_or_inner_state(kind):
     assert int(state.inner_state[0].count) == STEPS - len(INJECT)
 
 
+_core_step = jax.jit(lambda s, f: jas.update_scale(s, f, "reference"))
+
+
 def test_scale_trajectory_is_the_core_rule():
     # Without options the dynamic kind is the core rule: replay it with the
     # pure reference on the same found_inf sequence.
@@ -70,7 +73,7 @@ def test_scale_trajectory_is_the_core_rule():
     for t in range(STEPS):
         b = jnp.full(4, jnp.nan if t in INJECT else 1.0)
         params, state, _ = step(params, state, b, lf)
-        core = jas.update_scale(core, t in INJECT, "reference")
+        core = _core_step(core, t in INJECT)
         assert float(state.loss_scale) == float(core.scale)
         assert int(state.scale_state.growth_tracker) == int(core.growth_tracker)
 

@@ -105,8 +105,9 @@ def test_scale_follows_core_rule():
     kind = jas.dynamic_scale(2.0**8, 2.0, 0.5, 2)
     st, _ = run(optax.adam(1e-2), scale=kind)
     core = kind.scale_state
+    core_step = jax.jit(jas.update_scale)
     for t in range(STEPS):
-        core = jas.update_scale(core, t in OVERFLOW)
+        core = core_step(core, t in OVERFLOW)
     assert float(st.loss_scale) == float(core.scale)
     assert int(st.scale_state.growth_tracker) == int(core.growth_tracker)
 
