@@ -27,7 +27,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
+
+try:
+    import optax
+except ImportError:  # pragma: no cover - exercised by hand without the extra
+    sys.exit("the demo needs optax: pip install 'jax-amp-scale[demo]'")
 
 import jax_amp_scale as jas
 from jax_amp_scale._trainer import Trainer
