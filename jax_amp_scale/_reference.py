@@ -45,8 +45,6 @@ def update_scale_reference(
     successful = growth_tracker + jnp.int32(1)
     grow = successful == jnp.int32(growth_interval)
 
-    new_bits = jnp.where(
-        found, backed_off, jnp.where(grow & grown_finite, grown, bits)
-    )
+    new_bits = jnp.where(found, backed_off, jnp.where(grow & grown_finite, grown, bits))
     new_tracker = jnp.where(found | grow, jnp.zeros_like(growth_tracker), successful)
     return jax.lax.bitcast_convert_type(new_bits, scale.dtype), new_tracker

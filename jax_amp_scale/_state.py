@@ -146,8 +146,7 @@ def init_scale_state(
         scale = np.asarray(init, dtype=dt)
     if not np.isfinite(scale.astype(np.float32)):
         raise ValueError(
-            f"init_scale={init_scale!r} is not finite in {dt.name} "
-            f"(max {float(jnp.finfo(dt).max)})"
+            f"init_scale={init_scale!r} is not finite in {dt.name} (max {float(jnp.finfo(dt).max)})"
         )
     return ScaleState(
         scale=jnp.full(shape, init, dtype=dt),

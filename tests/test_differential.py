@@ -26,7 +26,7 @@ BITS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def batched(backend, gf, bf, gi):
     def one(s, t, f):
         return jas.amp_update_scale(

@@ -28,7 +28,7 @@ def torch_step(scales, trackers, found, gf, bf, gi):
     return np.array(out_s, np.float32), np.array(out_t, np.int32)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ours(backend, gf, bf, gi):
     def one(s, t, f):
         return jas.amp_update_scale(
