@@ -130,8 +130,13 @@ def _global_batch(args, mesh, step):
     )
 
 
-def _train(args, backend, step_fn, param_specs):
-    """Runs `step_fn` for args.steps steps on a 1-D global mesh and reports."""
+def _train(args, backend, step_fn, param_specs, tx=None):
+    """Runs `step_fn` for args.steps steps on a 1-D global mesh and reports.
+
+    Without `tx` the carried state is ``(ScaleState, skipped count)``; with
+    an optax `loss_scaled` transformation it is ``tx``'s state, which keeps
+    its own counters.
+    """
     import jax
     import numpy as np
     from jax.sharding import AxisType, NamedSharding
@@ -141,29 +146,52 @@ def _train(args, backend, step_fn, param_specs):
 
     mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Explicit,))
     with jax.set_mesh(mesh):
-        state = jax.device_put(
-            jas.init_scale_state(2.0**8, growth_interval=2), NamedSharding(mesh, P())
-        )
         params = {
             k: jax.device_put(v, NamedSharding(mesh, param_specs[k]))
             for k, v in _init_params().items()
         }
-        step = jax.jit(lambda s, p, x, y: step_fn(s, p, x, y, backend))
-        skipped = jax.device_put(np.int32(0), NamedSharding(mesh, P()))
+        if tx is None:
+            carry = (jas.init_scale_state(2.0**8, growth_interval=2), np.int32(0))
+        else:
+            carry = tx.init(params)
+        carry = jax.device_put(carry, NamedSharding(mesh, P()))
+        step = jax.jit(lambda c, p, x, y: step_fn(c, p, x, y, backend))
         founds = []
         for t in range(args.steps):
-            state, params, found = step(state, params, *_global_batch(args, mesh, t))
-            skipped = skipped + found.astype(np.int32)
+            carry, params, found = step(carry, params, *_global_batch(args, mesh, t))
             founds.append(_local_copies(found))
-    out = {
-        "scale": _local_copies(state.scale),
-        "tracker": _local_copies(state.growth_tracker),
-        "skipped": _local_copies(skipped),
-        "found": np.stack(founds, axis=1),  # (local devices, steps)
-    }
+    if tx is None:
+        state, skipped = carry
+        out = {"skipped": _local_copies(skipped)}
+    else:
+        from jax_amp_scale.optax import get_loss_scaled_state
+
+        opt = get_loss_scaled_state(carry)
+        state = opt.scale_state
+        out = {
+            "skipped": _local_copies(opt.skipped_steps),
+            "total": _local_copies(opt.total_steps),
+            "last_found": _local_copies(opt.found_inf),
+        }
+    out.update(
+        scale=_local_copies(state.scale),
+        tracker=_local_copies(state.growth_tracker),
+        found=np.stack(founds, axis=1),  # (local devices, steps)
+    )
     for k, v in params.items():
         out[f"params/{k}"] = _full(v)
     return out
+
+
+def _with_count(step_fn):
+    """Adapts a (state, params, x, y, backend) step to carry a skipped count."""
+
+    def step(carry, params, x, y, backend):
+        state, skipped = carry
+        state, params, found = step_fn(state, params, x, y, backend)
+        return (state, skipped + found.astype(skipped.dtype)), params, found
+
+    return step
 
 
 # --- the configurations: how the training step is written -------------------
@@ -186,7 +214,7 @@ def _global_step(state, params, x, y, backend):
 def _run_data_parallel(args, backend):
     from jax.sharding import PartitionSpec as P
 
-    return _train(args, backend, _global_step, {"w": P(), "b": P()})
+    return _train(args, backend, _with_count(_global_step), {"w": P(), "b": P()})
 
 
 def _run_fully_sharded(args, backend):
@@ -200,7 +228,7 @@ def _run_fully_sharded(args, backend):
         state, new, found = _global_step(state, gathered, x, y, backend)
         return state, {**new, "w": jax.sharding.reshard(new["w"], P("data"))}, found
 
-    return _train(args, backend, step, {"w": P("data"), "b": P()})
+    return _train(args, backend, _with_count(step), {"w": P("data"), "b": P()})
 
 
 def _run_shard_map(args, backend):
@@ -231,13 +259,111 @@ def _run_shard_map(args, backend):
             out_specs=(P(), P(), P()),
         )(state, params, x, y)
 
-    return _train(args, backend, step, {"w": P(), "b": P()})
+    return _train(args, backend, _with_count(step), {"w": P(), "b": P()})
+
+
+def _varying(tree):
+    import jax
+
+    return jax.tree.map(lambda a: jax.lax.pcast(a, "data", to="varying"), tree)
+
+
+def _run_value_and_grad_shard_map(args, backend):
+    """Per device: `jas.value_and_grad(axis_name=...)` on the local batch."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    import jax_amp_scale as jas
+
+    def local(state, params, x, y):
+        _, grads, found = jas.value_and_grad(_loss, state, axis_name="data")(
+            _varying(params), x, y
+        )  # local unscaled grads; found shared by every device
+        grads = jax.tree.map(lambda g: jax.lax.pmean(g, "data"), grads)
+        params = jax.tree.map(lambda p, g: jnp.where(found, p, p - LR * g), params, grads)
+        return jas.update_scale(state, found, backend), params, found
+
+    def step(state, params, x, y, backend):
+        del backend
+        return jax.shard_map(
+            local, in_specs=(P(), P(), P("data"), P("data")), out_specs=(P(), P(), P())
+        )(state, params, x, y)
+
+    return _train(args, backend, _with_count(step), {"w": P(), "b": P()})
+
+
+def _loss_scaled(backend, axis_name=None):
+    import optax
+
+    import jax_amp_scale as jas
+    import jax_amp_scale.optax
+
+    return jax_amp_scale.optax.loss_scaled(
+        optax.sgd(LR),
+        jas.dynamic_scale(2.0**8, growth_interval=2),
+        axis_name=axis_name,
+        backend=backend,
+    )
+
+
+def _run_loss_scaled(args, backend):
+    """jit over global arrays, the optax wrapper (README usage)."""
+    import jax
+    import optax
+
+    import jax_amp_scale as jas
+    from jax_amp_scale.optax import get_loss_scaled_state
+
+    tx = _loss_scaled(backend)
+
+    def step(opt_state, params, x, y, backend):
+        del backend
+        grads = jax.grad(lambda p: jas.scale_loss(_loss(p, x, y), opt_state))(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        found = get_loss_scaled_state(opt_state).found_inf
+        return opt_state, optax.apply_updates(params, updates), found
+
+    from jax.sharding import PartitionSpec as P
+
+    return _train(args, backend, step, {"w": P(), "b": P()}, tx=tx)
+
+
+def _run_loss_scaled_shard_map(args, backend):
+    """Per device: LOCAL scaled grads into `loss_scaled(axis_name=...)`."""
+    import jax
+    import optax
+    from jax.sharding import PartitionSpec as P
+
+    import jax_amp_scale as jas
+    from jax_amp_scale.optax import get_loss_scaled_state
+
+    tx = _loss_scaled(backend, axis_name="data")
+
+    def local(opt_state, params, x, y):
+        grads = jax.grad(lambda p: jas.scale_loss(_loss(p, x, y), opt_state))(_varying(params))
+        updates, opt_state = tx.update(grads, opt_state, params)
+        # sgd is linear: the mean of local updates is the update of the mean.
+        updates = jax.tree.map(lambda u: jax.lax.pmean(u, "data"), updates)
+        found = get_loss_scaled_state(opt_state).found_inf
+        return opt_state, optax.apply_updates(params, updates), found
+
+    def step(opt_state, params, x, y, backend):
+        del backend
+        return jax.shard_map(
+            local, in_specs=(P(), P(), P("data"), P("data")), out_specs=(P(), P(), P())
+        )(opt_state, params, x, y)
+
+    return _train(args, backend, step, {"w": P(), "b": P()}, tx=tx)
 
 
 _CONFIGS = {
     "data_parallel": _run_data_parallel,
     "fully_sharded": _run_fully_sharded,
     "shard_map": _run_shard_map,
+    "value_and_grad_shard_map": _run_value_and_grad_shard_map,
+    "loss_scaled": _run_loss_scaled,
+    "loss_scaled_shard_map": _run_loss_scaled_shard_map,
 }
 
 

@@ -110,11 +110,19 @@ def results(tmp_path_factory):
     return [dict(np.load(out / f"process{i}.npz")) for i in range(NUM_PROCESSES)]
 
 
-CONFIGS = [
-    f"{name}/{backend}"
-    for name in ("data_parallel", "fully_sharded", "shard_map")
-    for backend in ("reference", "ffi")
-]
+# How the step is written (see multihost_worker.py): by hand under jit, data
+# parallel and fully sharded; by hand, with jas.value_and_grad and with
+# loss_scaled under shard_map (local found_inf, reduced by axis_name); and
+# with loss_scaled under jit.
+NAMES = (
+    "data_parallel",
+    "fully_sharded",
+    "shard_map",
+    "value_and_grad_shard_map",
+    "loss_scaled",
+    "loss_scaled_shard_map",
+)
+CONFIGS = [f"{name}/{backend}" for name in NAMES for backend in ("reference", "ffi")]
 
 
 def test_every_process_joined_one_job(results):
@@ -150,9 +158,11 @@ def test_every_process_ends_in_the_same_state(results, config):
             assert r[k].dtype == first[k].dtype and r[k].shape == first[k].shape, k
             assert r[k].tobytes() == first[k].tobytes(), k
     # ... and every device copy within a process agrees too.
-    for k in ("scale", "tracker", "skipped", "found"):
-        copies = first[f"{config}/{k}"]
-        assert all(c.tobytes() == copies[0].tobytes() for c in copies), k
+    for k in keys:
+        if "params/" not in k:
+            copies = first[k]
+            assert len(copies) == 2, k
+            assert all(c.tobytes() == copies[0].tobytes() for c in copies), k
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -163,6 +173,9 @@ def test_the_one_overflow_is_everyone_s_skip(results, config):
     assert r[f"{config}/skipped"][0] == 1
     assert r[f"{config}/scale"][0] == scale and r[f"{config}/tracker"][0] == tracker
     assert np.all(np.isfinite(r[f"{config}/params/w"]))
+    if config.startswith("loss_scaled"):  # the optax state's own counters
+        assert r[f"{config}/total"][0] == STEPS
+        assert not r[f"{config}/last_found"][0]
 
 
 def test_configurations_and_backends_agree(results):
@@ -172,7 +185,9 @@ def test_configurations_and_backends_agree(results):
     want = r["data_parallel/reference/params/w"]
     for config in CONFIGS:
         np.testing.assert_allclose(r[f"{config}/params/w"], want, rtol=2e-3, atol=1e-4)
-    for name in ("data_parallel", "fully_sharded", "shard_map"):
-        for k in ("scale", "tracker", "skipped", "found", "params/w", "params/b"):
+    for name in NAMES:
+        keys = [k.split("/", 2)[2] for k in r if k.startswith(f"{name}/reference/")]
+        assert len(keys) >= 6
+        for k in keys:
             a, b = r[f"{name}/reference/{k}"], r[f"{name}/ffi/{k}"]
             assert a.tobytes() == b.tobytes(), (name, k)
