@@ -254,3 +254,167 @@ def test_pmap_training_step_skips_on_every_replica(backend):
     )
     np.testing.assert_array_equal(np.asarray(state.scale), np.full(8, 512.0, np.float32))
     np.testing.assert_array_equal(np.asarray(new_params), params)
+
+
+# --- the training layer: value_and_grad and loss_scaled take axis_name -------
+
+ROWS = 16  # global batch: 2 rows per device on the 1-D mesh
+
+
+def _batches(bad_step, bad_row=5, steps=4):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((steps, ROWS, 4)).astype(np.float32)
+    x[bad_step, bad_row, 0] = np.inf  # row 5: device 2 only
+    return x
+
+
+def _loss(w, x):
+    return jnp.mean((x @ w - 1.0) ** 2)
+
+
+def _varying(tree, axis):
+    # Typed as varying, replicated params get this device's gradient; typed
+    # replicated, shard_map would hand back the gradient already summed.
+    return jax.tree.map(lambda a: jax.lax.pcast(a, axis, to="varying"), tree)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", MODES, ids=str)
+def test_value_and_grad_axis_name_under_shard_map(mode, backend):
+    mesh = _mesh("1d", mode)
+    w = np.ones((4,), np.float32)
+    state = jas.init_scale_state(2.0**10, growth_interval=3)
+
+    def local(axis_name):
+        def fn(state, w, x):
+            _, grads, found = jas.value_and_grad(_loss, state, axis_name=axis_name)(
+                _varying(w, "data"), x
+            )
+            local_found = ~jnp.all(jnp.isfinite(grads))
+            return jas.update_scale(state, found, backend), found, local_found[None]
+
+        return jax.shard_map(
+            fn, mesh=mesh, in_specs=(P(), P(), P("data")), out_specs=(P(), P(), P("data"))
+        )
+
+    with jax.set_mesh(mesh):
+        x = jax.device_put(_batches(0)[0], NamedSharding(mesh, P("data")))
+        new, found, local_found = jax.jit(local("data"))(state, w, x)
+        with pytest.raises(ValueError, match="out_specs"):  # the control
+            jax.jit(local(None))(state, w, x)
+    np.testing.assert_array_equal(np.asarray(local_found), [d == 2 for d in range(8)])
+    for copy in _all_shards(found):
+        assert copy
+    for copy in _all_shards(new.scale):
+        assert copy == 512.0
+
+
+def _loss_scaled(backend, axis_name):
+    optax = pytest.importorskip("optax")
+    import jax_amp_scale.optax
+
+    return jax_amp_scale.optax.loss_scaled(
+        optax.sgd(0.1),
+        jas.dynamic_scale(2.0**10, growth_interval=3),
+        axis_name=axis_name,
+        backend=backend,
+    )
+
+
+def _loss_scaled_run(tx, step, w, xs):
+    opt_state = tx.init(w)
+    for x in xs:
+        w, opt_state = step(w, opt_state, x)
+    from jax_amp_scale.optax import get_loss_scaled_state
+
+    return w, get_loss_scaled_state(opt_state)
+
+
+def _global_loss_scaled(backend):
+    """The same training on the global batch, no mapping: the oracle."""
+    import optax
+
+    tx = _loss_scaled(backend, None)
+
+    @jax.jit
+    def step(w, opt_state, x):
+        # Mean of the 8 per-device losses = mean over the global batch.
+        grads = jax.grad(lambda w: jas.scale_loss(_loss(w, x), opt_state))(w)
+        updates, opt_state = tx.update(grads, opt_state, w)
+        return optax.apply_updates(w, updates), opt_state
+
+    return tx, step
+
+
+def _check_loss_scaled(w, opt, want_w, want_opt, copies):
+    # One overflow (step 1, one device) -> one skip everywhere.
+    assert int(want_opt.skipped_steps) == 1 and int(want_opt.total_steps) == 4
+    for leaf in ("skipped_steps", "total_steps", "found_inf"):
+        for copy in copies(getattr(opt, leaf)):
+            assert copy == np.asarray(getattr(want_opt, leaf)), leaf
+    for copy in copies(opt.scale_state.scale):
+        assert copy == 512.0
+    for copy in copies(opt.scale_state.growth_tracker):
+        assert copy == 2
+    np.testing.assert_allclose(np.asarray(w), np.asarray(want_w), rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", MODES, ids=str)
+def test_loss_scaled_axis_name_under_shard_map(mode, backend):
+    import optax
+
+    mesh = _mesh("1d", mode)
+    tx = _loss_scaled(backend, "data")
+    xs = _batches(bad_step=1)
+
+    def local(w, opt_state, x):
+        # LOCAL scaled gradients in: loss_scaled reduces found_inf itself.
+        grads = jax.grad(lambda w: jas.scale_loss(_loss(w, x), opt_state))(_varying(w, "data"))
+        updates, opt_state = tx.update(grads, opt_state, w)
+        # sgd is linear: the mean of local updates is the update of the mean.
+        updates = jax.lax.pmean(updates, "data")
+        return optax.apply_updates(w, updates), opt_state
+
+    step = jax.jit(
+        jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P("data")), out_specs=(P(), P()))
+    )
+    w0 = np.ones((4,), np.float32)
+    with jax.set_mesh(mesh):
+        w, opt = _loss_scaled_run(
+            tx, step, w0, [jax.device_put(x, NamedSharding(mesh, P("data"))) for x in xs]
+        )
+    want_w, want_opt = _loss_scaled_run(*_global_loss_scaled("reference"), w0, xs)
+    _check_loss_scaled(w, opt, want_w, want_opt, _all_shards)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_value_and_grad_and_loss_scaled_under_pmap(backend):
+    import optax
+
+    tx = _loss_scaled(backend, "i")
+    xs = _batches(bad_step=1).reshape(4, 8, ROWS // 8, 4)  # (steps, replica, rows, 4)
+
+    def local(w, opt_state, x):
+        _, grads, found = jas.value_and_grad(_loss, opt_state, axis_name="i")(w, x)
+        scaled = jas.scale_loss(grads, opt_state)  # loss_scaled wants scaled grads
+        updates, opt_state = tx.update(scaled, opt_state, w)
+        updates = jax.lax.pmean(updates, "i")
+        return optax.apply_updates(w, updates), opt_state, found
+
+    step = jax.pmap(local, axis_name="i")
+    w = _replicate(jnp.ones((4,), np.float32))
+    opt_state = _replicate(tx.init(jnp.ones((4,), np.float32)))
+    founds = []
+    for x in xs:
+        w, opt_state, found = step(w, opt_state, x)
+        founds.append(np.asarray(found))
+    np.testing.assert_array_equal(np.stack(founds), np.repeat([[0], [1], [0], [0]], 8, axis=1))
+    from jax_amp_scale.optax import get_loss_scaled_state
+
+    want_w, want_opt = _loss_scaled_run(
+        *_global_loss_scaled("reference"), np.ones((4,), np.float32), _batches(bad_step=1)
+    )
+    for d in range(8):
+        opt = jax.tree.map(lambda a, d=d: a[d], get_loss_scaled_state(opt_state))
+        _check_loss_scaled(w[d], opt, want_w, want_opt, lambda a: [np.asarray(a)])
