@@ -284,10 +284,18 @@ def test_collective_parser_sees_a_gather():
 DECISION_REDUCTIONS = {"data_parallel": 0, "fully_sharded": 1, "fsdp_tp": 2}
 
 
+def _apply_library(state, params, grads, backend):
+    """The decision with the library's helpers: unscale_and_check, update_scale."""
+    grads, found = jas.unscale_and_check(grads, state)
+    new_params = jax.tree.map(lambda p, g: jnp.where(found, p, p - LR * g), params, grads)
+    return jas.update_scale(state, found, backend), new_params, found
+
+
+@pytest.mark.parametrize("apply", [_apply, _apply_library], ids=["by_hand", "library"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", MODES, ids=str)
-def test_decision_compiles_to_one_scalar_reduction(layout, backend, mode):
+def test_decision_compiles_to_one_scalar_reduction(layout, backend, mode, apply):
     mesh = _mesh(layout, mode)
     _, _, specs, _ = LAYOUTS[layout]
     with jax.set_mesh(mesh):
@@ -296,7 +304,7 @@ def test_decision_compiles_to_one_scalar_reduction(layout, backend, mode):
             _put(_params(), mesh, specs),
             _put(_params(seed=7), mesh, specs),
         )
-        found = _collectives(lambda s, p, g: _apply(s, p, g, backend), *args)
+        found = _collectives(lambda s, p, g: apply(s, p, g, backend), *args)
     assert all(_is_scalar_all_reduce(c) for c in found), found
     assert len(found) == DECISION_REDUCTIONS[layout], found
 
@@ -321,3 +329,65 @@ def test_loss_scaling_adds_only_the_decision_to_a_training_step(layout, backend,
         extra.remove(c)  # ValueError: scaling changed a gradient collective
     assert all(_is_scalar_all_reduce(c) for c in extra), extra
     assert len(extra) == DECISION_REDUCTIONS[layout], extra
+
+
+# --- the optax wrapper under jit with shardings ------------------------------
+
+
+def _optax_steps(backend):
+    optax = pytest.importorskip("optax")
+    import jax_amp_scale.optax
+
+    inner = optax.sgd(LR)
+    tx = jax_amp_scale.optax.loss_scaled(
+        inner, jas.dynamic_scale(2.0**10, growth_interval=3), backend=backend
+    )
+
+    def plain(params, opt_state, x, y):
+        grads = jax.grad(_loss)(params, x, y)
+        updates, opt_state = inner.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    def scaled(params, opt_state, x, y):
+        grads = jax.grad(lambda p: jas.scale_loss(_loss(p, x, y), opt_state))(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    return inner, tx, plain, scaled
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", MODES, ids=str)
+def test_loss_scaled_under_sharding(layout, backend, mode):
+    inner, tx, plain, scaled = _optax_steps(backend)
+    mesh = _mesh(layout, mode)
+    _, _, specs, batch_spec = LAYOUTS[layout]
+    x, y = _batch()
+    x_bad = x.copy()
+    x_bad[3, 0] = np.inf  # one example, on one device's rows
+    with jax.set_mesh(mesh):
+        params = _put(_params(), mesh, specs)
+        put = lambda a: jax.device_put(a, NamedSharding(mesh, batch_spec))  # noqa: E731
+        x, x_bad, y = put(x), put(x_bad), put(y)
+        opt_state = jax.device_put(tx.init(params), NamedSharding(mesh, P()))
+        step = jax.jit(scaled)
+        bad_params, bad_state = step(params, opt_state, x_bad, y)
+        ok_params, ok_state = step(bad_params, bad_state, x, y)
+        extra = list(_collectives(scaled, params, opt_state, x, y))
+        for c in _collectives(plain, params, inner.init(params), x, y):
+            extra.remove(c)
+    assert all(_is_scalar_all_reduce(c) for c in extra), extra
+    assert len(extra) == DECISION_REDUCTIONS[layout], extra
+    # The overflow step is skipped on every device; the next one is not.
+    for name, spec in specs.items():
+        _assert_sharded_as(bad_params[name], mesh, spec)
+        for s in bad_params[name].addressable_shards:
+            np.testing.assert_array_equal(np.asarray(s.data), _params()[name][s.index])
+        assert not np.array_equal(np.asarray(ok_params[name]), _params()[name])
+    _assert_replicated(bad_state.scale_state.scale, np.float32(512.0))
+    _assert_replicated(ok_state.scale_state.scale, np.float32(512.0))
+    _assert_replicated(ok_state.scale_state.growth_tracker, np.int32(1))
+    _assert_replicated(ok_state.skipped_steps, np.int32(1))
+    _assert_replicated(ok_state.total_steps, np.int32(2))
+    _assert_replicated(ok_state.found_inf, False)
