@@ -264,3 +264,47 @@ def test_sharded_population_under_shard_map(mode, backend):
         assert _collectives(run.lower(*args).compile().as_text()) == []
     np.testing.assert_array_equal(np.asarray(scales), np.asarray(want_scales))
     np.testing.assert_array_equal(np.asarray(trackers), np.asarray(want_trackers))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_population_of_loss_scaled_optimizers(backend):
+    # vmap over optax states: every member has its own loss_scaled state,
+    # skips its own overflow steps and counts them.
+    optax = pytest.importorskip("optax")
+    import jax_amp_scale.optax
+    from jax_amp_scale.optax import get_loss_scaled_state
+
+    tx = jax_amp_scale.optax.loss_scaled(
+        optax.sgd(0.1), jas.dynamic_scale(2.0**10, growth_interval=2), backend=backend
+    )
+    rng = np.random.default_rng(8)
+    n, steps = 8, 5
+    w = rng.standard_normal((n, 4, 2)).astype(np.float32)
+    x = rng.standard_normal((steps, n, 8, 4)).astype(np.float32)
+    y = rng.standard_normal((steps, n, 8, 2)).astype(np.float32)
+    bad = rng.random((steps, n)) < 0.3
+    x[bad, 0, 0] = np.inf
+    assert bad.sum(axis=0).max() > 0 and bad.sum(axis=0).min() == 0  # members differ
+
+    def member_step(w, opt_state, x, y):
+        grads = jax.grad(lambda w: jas.scale_loss(_loss(w, x, y), opt_state))(w)
+        updates, opt_state = tx.update(grads, opt_state, w)
+        return optax.apply_updates(w, updates), opt_state
+
+    step = jax.jit(jax.vmap(member_step))
+    ws, opt_states = w, jax.vmap(tx.init)(w)
+    for t in range(steps):
+        ws, opt_states = step(ws, opt_states, x[t], y[t])
+    opt = get_loss_scaled_state(opt_states)
+    np.testing.assert_array_equal(np.asarray(opt.skipped_steps), bad.sum(axis=0))
+    np.testing.assert_array_equal(np.asarray(opt.total_steps), np.full(n, steps))
+    one_step = jax.jit(member_step)
+    for m in range(n):
+        wm, sm = w[m], tx.init(w[m])
+        for t in range(steps):
+            wm, sm = one_step(wm, sm, x[t, m], y[t, m])
+        sm = get_loss_scaled_state(sm)
+        assert opt.scale_state.scale[m] == sm.scale_state.scale
+        assert opt.scale_state.growth_tracker[m] == sm.scale_state.growth_tracker
+        np.testing.assert_allclose(np.asarray(ws[m]), np.asarray(wm), rtol=1e-6)
+    assert len(set(np.asarray(opt.scale_state.scale).tolist())) >= 2
