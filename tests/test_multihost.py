@@ -191,3 +191,25 @@ def test_configurations_and_backends_agree(results):
         for k in keys:
             a, b = r[f"{name}/reference/{k}"], r[f"{name}/ffi/{k}"]
             assert a.tobytes() == b.tobytes(), (name, k)
+
+
+def test_readme_example_runs_and_processes_agree():
+    # README's command: examples/multihost.py launches 2 processes itself and
+    # bounds the job by its --timeout (it kills them on failure).
+    example = WORKER.parent.parent / "examples" / "multihost.py"
+    done = subprocess.run(
+        [sys.executable, str(example), "--processes", "2", "--timeout", "150"],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env={**os.environ, "PYTHONPATH": str(WORKER.parent.parent)},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[-1] == "all 2 processes agree"
+    # 2**12, growth every 2 steps, 8 steps, the overflow at step 3:
+    scale, tracker = np.float32(2.0**12), 0
+    for t in range(8):
+        scale, tracker = rule(scale, tracker, t == 3, 2.0, 0.5, 2)
+    for i, line in enumerate(lines[:2]):
+        assert line.startswith(f"process {i}/2: scale={scale} tracker={tracker} skipped=1/8 ")
