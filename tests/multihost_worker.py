@@ -51,6 +51,7 @@ def main(argv=None):
     results = {
         "process_count": np.int32(jax.process_count()),
         "device_count": np.int32(jax.device_count()),
+        "cpu_collectives": np.str_(jax.config.jax_cpu_collectives_implementation),
     }
     for name, run in _CONFIGS.items():
         for backend in ("reference", "ffi"):

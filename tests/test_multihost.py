@@ -129,6 +129,7 @@ def test_every_process_joined_one_job(results):
     for r in results:
         assert int(r["process_count"]) == NUM_PROCESSES
         assert int(r["device_count"]) == 2 * NUM_PROCESSES
+        assert str(r["cpu_collectives"]) == "gloo"  # JAX's default, not set by us
 
 
 def _expected_trace():

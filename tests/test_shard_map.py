@@ -278,6 +278,31 @@ def _varying(tree, axis):
     return jax.tree.map(lambda a: jax.lax.pcast(a, axis, to="varying"), tree)
 
 
+@pytest.mark.parametrize("mode", MODES, ids=str)
+def test_gradients_of_replicated_params_come_back_summed(mode):
+    # Why _varying exists (README): shard_map transposes the implicit
+    # broadcast of a replicated param into a sum over the axis.
+    mesh = _mesh("1d", mode)
+    w = np.ones((4,), np.float32)
+    x = _batches(0)[1]
+
+    def fn(cast):
+        def local(w, x):
+            g = jax.grad(_loss)(_varying(w, "data") if cast else w, x)
+            return g[None]
+
+        return jax.shard_map(local, mesh=mesh, in_specs=(P(), P("data")), out_specs=P("data"))
+
+    with jax.set_mesh(mesh):
+        xd = jax.device_put(x, NamedSharding(mesh, P("data")))
+        local_grads = np.asarray(jax.jit(fn(True))(w, xd))
+        summed = np.asarray(jax.jit(fn(False))(w, xd))
+    want_local = np.stack([jax.grad(_loss)(w, x[2 * d : 2 * d + 2]) for d in range(8)])
+    np.testing.assert_allclose(local_grads, want_local, rtol=1e-6)
+    for row in summed:
+        np.testing.assert_allclose(row, want_local.sum(axis=0), rtol=1e-5)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", MODES, ids=str)
 def test_value_and_grad_axis_name_under_shard_map(mode, backend):
