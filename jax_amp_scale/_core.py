@@ -136,8 +136,9 @@ def amp_update_scale(
         native custom call; lowering fails clearly on a platform without a
         handler) or ``"auto"`` (per lowering platform, the faster one measured
         in ``bench/``).
-      axis_name: optional mapped axis name (``shard_map``/``pmap``/``vmap``);
-        found_inf is OR-reduced across it so every replica takes one decision.
+      axis_name: optional mapped axis name, or tuple of names, of
+        ``shard_map``/``pmap``/``vmap``; found_inf is OR-reduced across it so
+        every replica takes one decision.
 
     Returns:
       ``(updated_scale, updated_growth_tracker)``, shapes and dtypes of the inputs.
@@ -184,7 +185,8 @@ def update_scale(
       state: the current `ScaleState`.
       found_inf: bool/int/float scalar; nonzero or NaN means overflow.
       backend: ``"auto"``, ``"reference"`` or ``"ffi"`` (see `amp_update_scale`).
-      axis_name: optional mapped axis to OR-reduce found_inf across.
+      axis_name: optional mapped axis name, or tuple of names, to OR-reduce
+        found_inf across.
 
     Returns:
       A new `ScaleState` with the same static fields.
