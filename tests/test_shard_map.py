@@ -1,9 +1,10 @@
-"""Per-replica code: `update_scale(..., axis_name=...)` under `shard_map` and `pmap`.
+"""Per-replica code under `shard_map` and `pmap`: `axis_name` keeps replicas in lockstep.
 
 Inside `shard_map`/`pmap` every device computes found_inf from its own shard
-of the gradients; `axis_name` OR-reduces it so every replica takes the same
-decision.  The state enters as a replicated scalar (``P()``) on every device,
-and the FFI handler runs once per device on it.
+of the gradients; `update_scale`, `value_and_grad` and `loss_scaled` take an
+`axis_name` (a name or a tuple of names) and OR-reduce it so every replica
+takes the same decision.  The state enters as a replicated scalar (``P()``)
+on every device, and the FFI handler runs once per device on it.
 """
 
 import jax
