@@ -56,7 +56,7 @@ static size_t loglen, logcap;
 static char recent[1024];
 static uint64_t ws_knob;
 static struct {
-  char api[32];
+  char api[64];
   int32_t status;
   char msg[512];
 } failure;
@@ -410,9 +410,8 @@ EXPORT int32_t cd_launch(const char* lib, void* ws, uint64_t ws_size, cd_executo
     }
     memset(ws, 0xA5, ws_size); /* the kernel uses all of it */
   }
-  if ((st = injected("aclnnAmpUpdateScale"))) goto out;
-  apply_rule(e);
-  /* The executor is consumed by the launch, as in CANN. */
+  /* The executor is consumed by the launch, failed or not, as in CANN. */
+  if (!(st = injected("aclnnAmpUpdateScale"))) apply_rule(e);
   e->magic = 0;
   free(e);
   --live_execs;
