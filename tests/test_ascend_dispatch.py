@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from cann_double import control
 
 from jax_amp_scale import _ascend, amp_update_scale
-from tests.cann_double import control
 
 DTYPES = (jnp.float32, jnp.float16, jnp.bfloat16)
 ACL = {jnp.dtype(jnp.float32): 0, jnp.dtype(jnp.float16): 1, jnp.dtype(jnp.bfloat16): 27}
@@ -160,7 +160,12 @@ def test_no_descriptor_leaked_after_10000_calls(cann):
     def ref_body(_, st):
         s, t = st
         return amp_update_scale(
-            s, t, t[0] % 7 == 3, growth_factor=2.0, backoff_factor=0.5, growth_interval=5,
+            s,
+            t,
+            t[0] % 7 == 3,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            growth_interval=5,
             backend="reference",
         )
 
@@ -175,8 +180,9 @@ def test_no_descriptor_leaked_after_10000_calls(cann):
     assert after["live_tensors"] == 0 and after["live_execs"] == 0
     assert after["total_allocs"] - before["total_allocs"] == 1  # one workspace for all
     assert after["bad_calls"] == 0
-    np.testing.assert_array_equal(np.asarray(got[0]).view(np.uint16),
-                                  np.asarray(want[0]).view(np.uint16))
+    np.testing.assert_array_equal(
+        np.asarray(got[0]).view(np.uint16), np.asarray(want[0]).view(np.uint16)
+    )
     np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
 
 
@@ -209,7 +215,7 @@ def test_workspace_allocation_failure_frees_the_executor(cann):
     cann.set_workspace_size(2 * MiB)
     cann.fail("aclrtMalloc", 207001, "out of device memory (double)")
     s, t = state(jnp.float32)
-    with pytest.raises(Exception, match="aclrtMalloc.*207001.*out of device memory"):
+    with pytest.raises(Exception, match=r"aclrtMalloc.*207001.*out of device memory"):
         jax.block_until_ready(step(s, t, False))
     assert [e["ev"] for e in cann.log() if e["ev"] in ("gws", "destroy_exec", "run")] == [
         "gws",
@@ -221,7 +227,7 @@ def test_workspace_allocation_failure_frees_the_executor(cann):
 def test_descriptor_creation_failure(cann):
     cann.fail("aclCreateTensor", 1, "no descriptors today")
     s, t = state(jnp.float32)
-    with pytest.raises(Exception, match="aclCreateTensor failed for currentScale.*no descriptors"):
+    with pytest.raises(Exception, match=r"aclCreateTensor failed for currentScale.*no descriptors"):
         jax.block_until_ready(step(s, t, False))
     assert cann.stats()["live_tensors"] == 0
 
@@ -253,20 +259,36 @@ def test_bit_for_bit_equal_to_the_reference_lowering(cann, dtype, gf, bf):
     n, gi = 3000, 4
     finfo = jnp.finfo(dtype)
     special = np.array(
-        [0.0, -0.0, float(finfo.max), float(finfo.tiny), float(finfo.smallest_subnormal),
-         np.inf, -np.inf, 1.0, -1.0, 3.0, float(finfo.max) / 2, 1e-30, 7e4, 3e38],
+        [
+            0.0,
+            -0.0,
+            float(finfo.max),
+            float(finfo.tiny),
+            float(finfo.smallest_subnormal),
+            np.inf,
+            -np.inf,
+            1.0,
+            -1.0,
+            3.0,
+            float(finfo.max) / 2,
+            1e-30,
+            7e4,
+            3e38,
+        ],
         np.float32,
     )
-    values = np.concatenate([
-        special,
-        np.exp(rng.uniform(-87, 88, n)).astype(np.float32) * rng.choice([-1, 1], n),
-    ])
+    values = np.concatenate(
+        [
+            special,
+            np.exp(rng.uniform(-87, 88, n)).astype(np.float32) * rng.choice([-1, 1], n),
+        ]
+    )
     with np.errstate(over="ignore"):  # values beyond float16's range become inf
         scales = jnp.asarray(values, dtype)[:, None]
     m = scales.shape[0]
-    trackers = jnp.asarray(
-        rng.choice([0, gi - 1, gi - 2, gi, 2**31 - 1, -5], m), jnp.int32
-    )[:, None]
+    trackers = jnp.asarray(rng.choice([0, gi - 1, gi - 2, gi, 2**31 - 1, -5], m), jnp.int32)[
+        :, None
+    ]
     found = jnp.asarray(rng.choice([0.0, 1.0, np.nan, -0.0, np.inf, -2.0], m), jnp.float32)
 
     def ours(s, t, x):
@@ -276,7 +298,12 @@ def test_bit_for_bit_equal_to_the_reference_lowering(cann, dtype, gf, bf):
 
     def ref(s, t, x):
         return amp_update_scale(
-            s, t, x, growth_factor=gf, backoff_factor=bf, growth_interval=gi,
+            s,
+            t,
+            x,
+            growth_factor=gf,
+            backoff_factor=bf,
+            growth_interval=gi,
             backend="reference",
         )
 

@@ -14,9 +14,9 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
+from cann_double import control
 
 from jax_amp_scale import _ascend
-from tests.cann_double import control
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,10 @@ def _load_in_subprocess(monkeypatch, **env):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     out = subprocess.run(
-        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, check=True,
+        [sys.executable, "-c", _SCRIPT],
+        capture_output=True,
+        text=True,
+        check=True,
         env=dict(os.environ),
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])

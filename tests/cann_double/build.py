@@ -31,8 +31,18 @@ def _cc() -> str:
 
 
 def _flags() -> list[str]:
-    flags = ["-std=gnu11", "-O1", "-g", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror",
-             "-fvisibility=hidden", f"-I{HERE}"]
+    flags = [
+        "-std=gnu11",
+        "-O1",
+        "-g",
+        "-fPIC",
+        "-shared",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-fvisibility=hidden",
+        f"-I{HERE}",
+    ]
     if os.environ.get("JAS_SANITIZE", "").upper() in ("ON", "1", "TRUE"):
         flags += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
     return flags
@@ -57,8 +67,8 @@ def build(out_dir: Path) -> Path:
         d.mkdir(parents=True, exist_ok=True)
         _so(cc, d / "libascendcl.so", "ascendcl.c", "-Wl,-soname,libascendcl.so", core=core)
         _so(cc, d / "libnnopbase.so", "nnopbase.c", "-Wl,-soname,libnnopbase.so", core=core)
-        math = ["-DCD_LIBNAME=\"libopapi_math.so\"", "-Wl,-soname,libopapi_math.so"]
-        legacy = ["-DCD_LIBNAME=\"libopapi.so\"", "-Wl,-soname,libopapi.so"]
+        math = ['-DCD_LIBNAME="libopapi_math.so"', "-Wl,-soname,libopapi_math.so"]
+        legacy = ['-DCD_LIBNAME="libopapi.so"', "-Wl,-soname,libopapi.so"]
         if variant == "full":
             _so(cc, d / "libopapi_math.so", "opapi.c", *math, core=core)
             _so(cc, d / "libopapi.so", "opapi.c", *legacy, core=core)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import build as _build  # noqa: E402
+import build as _build
 
 STATS = (
     "live_tensors",
