@@ -7,7 +7,10 @@ numerical checks need a GPU and skip without one.
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -36,8 +39,17 @@ def test_cuda_module_is_built_where_nvcc_exists():
 
 
 def test_import_without_cuda_module_still_works():
-    # Either the module loaded, or its absence is recorded, never raised.
-    assert BUILT == ("cuda" in _ffi.platforms()) or "cuda" in _ffi.load_errors()
+    # As on a machine without CUDA: the module cannot be imported.
+    script = (
+        "import sys, json; sys.modules['jax_amp_scale._native_cuda'] = None\n"
+        "import jax_amp_scale\n"
+        "from jax_amp_scale import _ffi\n"
+        "print(json.dumps([sorted(_ffi.platforms()), _ffi.load_errors()]))"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    platforms, errors = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "cpu" in platforms and "cuda" not in platforms
+    assert errors["cuda"].startswith("_native_cuda:")
 
 
 @pytest.mark.skipif(not _has_gpu(), reason="no CUDA GPU in this process")
