@@ -1,7 +1,9 @@
 /* Core of the CANN test double (see cann_double.h).
  *
  * It implements aclnnAmpUpdateScale's rule on host memory, on its own (it
- * does not share code with ffi/update_scale.h): float16 through the
+ * does not share code with ffi/update_scale.h): scale * factor is one IEEE
+ * double multiplication (exact product rounded to float64, as torch does),
+ * then narrowed to the scale dtype: float32 by a C cast, float16 through the
  * compiler's _Float16, bfloat16 by rounding in double arithmetic.  Every call
  * is checked the way the operator documents (dtypes, shapes, format,
  * attribute range, two-phase order) and recorded as one JSON line.  Tests
@@ -39,7 +41,7 @@ struct cd_executor {
   int64_t id;
   int32_t dtype;
   void *scale, *tracker, *found, *scale_out, *tracker_out;
-  float gf, bf;
+  double gf, bf;
   int64_t gi;
   uint64_t ws_size;
 };
@@ -126,31 +128,37 @@ static float load(int32_t dt, const void* p) {
   return f;
 }
 
-/* float -> bfloat16, nearest-even, by arithmetic: keep 8 significant bits. */
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if (isnan(f)) return (uint16_t)((u >> 16) | 0x40u);
-  if (isinf(f) || f == 0.0f) return (uint16_t)(u >> 16);
-  int e = ilogb(f);
+/* double -> bfloat16, nearest-even, by arithmetic: keep 8 significant bits. */
+static uint16_t to_bf16(double d) {
+  if (isnan(d)) {
+    float f = (float)d;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u >> 16) | 0x40u);
+  }
+  if (isinf(d) || d == 0.0) return signbit(d) ? (isinf(d) ? 0xFF80u : 0x8000u)
+                                              : (isinf(d) ? 0x7F80u : 0x0000u);
+  int e = ilogb(d);
   if (e < -126) e = -126; /* subnormals share the finest spacing */
-  double q = ldexp(nearbyint(ldexp((double)f, 7 - e)), e - 7); /* default mode: nearest-even */
-  const double max_bf16 = ldexp(255.0, 120);                   /* 0x7F7F */
+  double q = ldexp(nearbyint(ldexp(d, 7 - e)), e - 7); /* default mode: nearest-even */
+  const double max_bf16 = ldexp(255.0, 120);           /* 0x7F7F */
   float r;
   if (fabs(q) > max_bf16) {
     r = q > 0 ? INFINITY : -INFINITY;
   } else {
-    r = (float)q; /* exact */
+    r = (float)q; /* exact: q has at most 8 significant bits */
   }
+  uint32_t u;
   memcpy(&u, &r, 4);
   return (uint16_t)(u >> 16);
 }
 
-static void store(int32_t dt, void* p, float v) {
+static void store(int32_t dt, void* p, double v) {
   if (dt == ACL_FLOAT) {
-    memcpy(p, &v, 4);
+    float f = (float)v;
+    memcpy(p, &f, 4);
   } else if (dt == ACL_FLOAT16) {
-    _Float16 x = (_Float16)v;
+    _Float16 x = (_Float16)v; /* one rounding from double */
     memcpy(p, &x, 2);
   } else {
     uint16_t b = to_bf16(v);
@@ -168,13 +176,13 @@ static void apply_rule(const cd_executor* e) {
   memcpy(keep, e->scale, item);
   int32_t new_tracker;
   if (found != 0.0f) { /* NaN != 0 */
-    store(e->dtype, e->scale_out, scale * e->bf);
+    store(e->dtype, e->scale_out, (double)scale * e->bf);
     new_tracker = 0;
   } else {
     int32_t next = (int32_t)((uint32_t)tracker + 1u); /* wraps, no UB */
     if ((int64_t)next == e->gi) {
       unsigned char grown[4];
-      store(e->dtype, grown, scale * e->gf);
+      store(e->dtype, grown, (double)scale * e->gf);
       if (isfinite(load(e->dtype, grown))) {
         memcpy(e->scale_out, grown, item);
       } else {
@@ -347,8 +355,8 @@ EXPORT int32_t cd_get_workspace_size(const char* lib, const cd_tensor* scale,
   e->found = found->data;
   e->scale_out = scale_out->data;
   e->tracker_out = tracker_out->data;
-  e->gf = (float)gf;
-  e->bf = (float)bf;
+  e->gf = gf;
+  e->bf = bf;
   e->gi = gi;
   e->ws_size = ws_knob;
   *ws_size = ws_knob;
