@@ -17,8 +17,8 @@ namespace {
 __global__ void UpdateScaleKernel(ScaleDtype dtype, const void* scale,
                                   const int32_t* tracker, const void* found_inf,
                                   void* scale_out, int32_t* tracker_out,
-                                  int64_t count, float growth_factor,
-                                  float backoff_factor, int64_t growth_interval) {
+                                  int64_t count, Factor growth_factor,
+                                  Factor backoff_factor, int64_t growth_interval) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) {
     UpdateElement(dtype, scale, tracker, found_inf, scale_out, tracker_out, i,
@@ -45,8 +45,7 @@ ffi::Error UpdateScaleCuda(cudaStream_t stream, ffi::AnyBuffer scale,
       call.dtype, scale.untyped_data(),
       static_cast<const int32_t*>(tracker.untyped_data()), found_inf.untyped_data(),
       scale_out->untyped_data(), static_cast<int32_t*>(tracker_out->untyped_data()),
-      call.count, static_cast<float>(growth_factor), static_cast<float>(backoff_factor),
-      growth_interval);
+      call.count, SplitFactor(growth_factor), SplitFactor(backoff_factor), growth_interval);
   const cudaError_t launch = cudaGetLastError();
   if (launch != cudaSuccess) {
     return ffi::Error(ffi::ErrorCode::kInternal,
