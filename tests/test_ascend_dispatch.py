@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from cann_double import control
 
 from jax_amp_scale import _ascend, amp_update_scale
+from tests.cann_double import control
 
 DTYPES = (jnp.float32, jnp.float16, jnp.bfloat16)
 ACL = {jnp.dtype(jnp.float32): 0, jnp.dtype(jnp.float16): 1, jnp.dtype(jnp.bfloat16): 27}

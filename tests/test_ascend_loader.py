@@ -14,9 +14,9 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
-from cann_double import control
 
 from jax_amp_scale import _ascend
+from tests.cann_double import control
 
 
 @pytest.fixture(scope="module")

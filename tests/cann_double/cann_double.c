@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include "cann_double.h"
 
+#include <fenv.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -419,7 +420,16 @@ EXPORT int32_t cd_launch(const char* lib, void* ws, uint64_t ws_size, cd_executo
     memset(ws, 0xA5, ws_size); /* the kernel uses all of it */
   }
   /* The executor is consumed by the launch, failed or not, as in CANN. */
-  if (!(st = injected("aclnnAmpUpdateScale"))) apply_rule(e);
+  if (!(st = injected("aclnnAmpUpdateScale"))) {
+    /* The device kernel does not see the host's floating-point mode, but
+     * this host code runs on XLA:CPU threads, which flush subnormals
+     * (MXCSR FTZ/DAZ): compute in the default environment. */
+    fenv_t saved;
+    fegetenv(&saved);
+    fesetenv(FE_DFL_ENV);
+    apply_rule(e);
+    fesetenv(&saved);
+  }
   e->magic = 0;
   free(e);
   --live_execs;
