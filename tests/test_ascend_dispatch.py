@@ -8,7 +8,12 @@ every call.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import zlib
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -316,3 +321,43 @@ def test_bit_for_bit_equal_to_the_reference_lowering(cann, dtype, gf, bf):
     np.testing.assert_array_equal(_bits(got_s), _bits(want_s))
     np.testing.assert_array_equal(np.asarray(got_t), np.asarray(want_t))
     assert cann.stats()["gws_calls"] >= m
+
+
+_TWO_DEVICES = """
+import json
+import jax, jax.numpy as jnp
+from jax_amp_scale import _ascend
+from tests.cann_double import control
+import ctypes, os
+core = ctypes.CDLL(os.environ["CD_CORE"])
+core.cd_set_workspace_size(ctypes.c_uint64(1 << 20))
+f = jax.jit(lambda s, t: _ascend.update_scale_test_binding(
+    s, t, False, growth_factor=2.0, backoff_factor=0.5, growth_interval=9))
+for d in jax.devices()[:2]:
+    s = jax.device_put(jnp.ones((1,), jnp.float32), d)
+    t = jax.device_put(jnp.zeros((1,), jnp.int32), d)
+    for _ in range(3):
+        s, t = f(s, t)
+    jax.block_until_ready(s)
+print(json.dumps(sorted(_ascend.native().workspaces())))
+"""
+
+
+def test_workspace_is_cached_per_device(double, monkeypatch):
+    control.use(monkeypatch, double, "full")
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+        "CD_CORE": str(double.root / "core" / "libcann_double.so"),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", _TWO_DEVICES],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(Path(__file__).resolve().parent.parent),
+        check=True,
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    # One buffer per device (null stream on CPU), reused across the steps.
+    assert got == [[0, 0, 1 << 20], [1, 0, 1 << 20]]
