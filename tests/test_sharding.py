@@ -256,9 +256,17 @@ _COLLECTIVE = re.compile(
 
 
 def _collectives(fn, *args):
-    """(result type, op) of every collective in the compiled HLO of `fn`."""
+    """(result type, op) of every collective in the compiled HLO of `fn`.
+
+    A combined collective's tuple type is written with its element types
+    sorted: XLA's combiner does not keep one order from program to program.
+    """
     text = jax.jit(fn).lower(*args).compile().as_text()
-    return [(m.group(1), m.group(2)) for m in _COLLECTIVE.finditer(text)]
+    out = []
+    for m in _COLLECTIVE.finditer(text):
+        parts = sorted(re.findall(r"\w+\[[^\]]*\](?:\{[^}]*\})?", m.group(1)))
+        out.append(("(" + ", ".join(parts) + ")", m.group(2)))
+    return out
 
 
 def _is_scalar_all_reduce(collective):
