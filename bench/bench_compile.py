@@ -1,0 +1,154 @@
+"""Workload 3: time to compile the training step as parameter trees grow.
+
+Parameter trees of 10, 1,000 and 10,000 leaves (float32 vectors of 16
+values, computed in float16), the same step per candidate as workload 1
+(`_steps.py`).  Each sample traces, lowers and compiles a fresh function
+object (nothing cached between samples), split into trace+lower and the XLA
+compile.  Growth is linear when the time per leaf stays flat from 1,000 to
+10,000 leaves; the ratio to the plain step's compile time is paired per
+repetition as everywhere in bench/.
+
+    python bench/bench_compile.py            # full size
+    python bench/bench_compile.py --tiny     # smoke
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import optax
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _harness  # noqa: E402
+import _steps  # noqa: E402
+
+LEAF = 16
+
+
+def make_params(n: int) -> dict[str, jax.Array]:
+    return {f"p{i:05d}": jnp.full((LEAF,), 0.01 * (i % 7 + 1), jnp.float32) for i in range(n)}
+
+
+def leafy_loss(params: dict[str, jax.Array], batch: jax.Array) -> jax.Array:
+    """Every leaf takes part in float16 compute; the loss is float32."""
+    x = batch.astype(jnp.float16)
+    total = jnp.float32(0.0)
+    for p in params.values():
+        total = total + jnp.sum(jnp.tanh(p.astype(jnp.float16) * x).astype(jnp.float32))
+    return total
+
+
+def compile_once(builder: _steps.Builder, params, batch) -> tuple[float, float]:
+    """(trace+lower seconds, XLA compile seconds) for a fresh step function."""
+    carry, step = builder(leafy_loss, params, optax.sgd(1e-3, momentum=0.9))
+    leaves, treedef = jax.tree.flatten(carry)
+
+    # A flat signature: some peers' states (jmp) cannot be rebuilt from the
+    # placeholders `lower` passes through their pytree hooks.
+    def flat_step(leaves, batch):
+        return jax.tree.leaves(step(jax.tree.unflatten(treedef, leaves), batch))
+
+    t0 = time.perf_counter()
+    lowered = jax.jit(flat_step).lower(leaves, batch)
+    t1 = time.perf_counter()
+    lowered.compile()
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1
+
+
+def run_case(n: int, builders: dict[str, _steps.Builder], reps: int, warmup: int):
+    params = make_params(n)
+    batch = jnp.linspace(-1.0, 1.0, LEAF, dtype=jnp.float32)
+    split: dict[str, list[tuple[float, float]]] = {k: [] for k in builders}
+
+    def candidate(name):
+        def run():
+            split[name].append(compile_once(builders[name], params, batch))
+
+        return run
+
+    rows = _harness.measure(
+        {k: candidate(k) for k in builders}, baseline="plain", reps=reps, warmup=warmup
+    )
+    for r in rows:
+        timed = split[r.name][warmup:]  # the warm-up samples came first
+        r.extra["lower_s"] = [a for a, _ in timed]
+        r.extra["compile_s"] = [b for _, b in timed]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[_harness.Table]:
+    p = _harness.parser(__doc__.splitlines()[0], reps=3, warmup=1)
+    p.add_argument(
+        "--leaves",
+        type=int,
+        nargs="+",
+        default=None,
+        help="leaf counts (default 10 1000 10000; --tiny: 2 20)",
+    )
+    p.add_argument(
+        "--reps-large",
+        type=int,
+        default=2,
+        help="repetitions at 10,000 leaves and above, where one compile takes seconds",
+    )
+    args = p.parse_args(argv)
+    leaf_counts = args.leaves or ((2, 20) if args.tiny else (10, 1000, 10_000))
+    why = _steps.ours_available()
+    builders = _steps.candidates(_steps.backends() if why is None else ())
+
+    tables = []
+    per_leaf: dict[str, dict[int, float]] = {k: {} for k in builders}
+    for n in leaf_counts:
+        if args.tiny:
+            reps, warmup = 1, 0
+        elif n >= 10_000:
+            reps, warmup = args.reps_large, 0
+        else:
+            reps, warmup = args.reps, args.warmup
+        rows = run_case(n, builders, reps, warmup)
+        for r in rows:
+            per_leaf[r.name][n] = r.median / n
+        split_col = {
+            r.name: "{:.2f} + {:.2f}".format(
+                statistics.median(r.extra["lower_s"]), statistics.median(r.extra["compile_s"])
+            )
+            for r in rows
+        }
+        notes = [] if why is None else [f"ours not measured: {why}"]
+        if warmup == 0:
+            notes.append("no warm-up at this size: every sample is a cold trace+compile anyway")
+        tables.append(
+            _harness.Table(
+                workload="3. Compile time",
+                title=f"training step, {n} parameter leaves",
+                baseline="plain",
+                rows=rows,
+                unit="s",
+                reps=reps,
+                warmup=warmup,
+                notes=notes,
+                columns={"trace+lower + XLA compile (s)": split_col},
+            )
+        )
+    if len(leaf_counts) >= 2:
+        lo, hi = leaf_counts[-2], leaf_counts[-1]
+        growth = {}
+        for name, d in per_leaf.items():
+            # exponent k in t ~ n**k between the two largest trees; 1 = linear
+            k = math.log((d[hi] * hi) / (d[lo] * lo)) / math.log(hi / lo)
+            growth[name] = f"{k:.2f}"
+        tables[-1].columns[f"growth exponent {lo}->{hi} leaves (1 = linear)"] = growth
+    _harness.finish(args, tables)
+    return tables
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""Workload 2: one pass over the gradients (unscale and check for inf/NaN).
+
+256 MiB of float32 gradients split over 1, 100 and 10,000 leaves.  Each
+candidate is one jitted call that reads every gradient, writes the unscaled
+gradients and returns whether any is non-finite.  The baseline is a plain
+copy of the same bytes (read 256 MiB, write 256 MiB: the memory-bandwidth
+limit of any unscale); the peers do the same work with their own functions
+(jmp) or their documented pattern written out (flax, optax: neither exports
+an unscale-and-check on a given tree).  torch's fused
+``_amp_foreach_non_finite_check_and_unscale_`` (what GradScaler calls) is
+measured beside torch's own copy, as a reference point.
+
+    python bench/bench_unscale.py            # full size
+    python bench/bench_unscale.py --tiny     # smoke
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _harness  # noqa: E402
+
+SCALE = 2.0**15
+
+
+def split_sizes(total: int, n: int) -> list[int]:
+    """`n` leaf sizes adding up to `total`, differing by at most one."""
+    q, r = divmod(total, n)
+    return [q + 1] * r + [q] * (n - r)
+
+
+def make_grads(total_bytes: int, n_leaves: int) -> list[jax.Array]:
+    sizes = split_sizes(total_bytes // 4, n_leaves)
+    rng = np.random.default_rng(0)
+    # Finite values of a typical scaled-gradient magnitude; one host array,
+    # sliced, so building 10,000 leaves stays cheap.
+    flat = (rng.standard_normal(sum(sizes), dtype=np.float32) * SCALE).astype(np.float32)
+    out, at = [], 0
+    for s in sizes:
+        out.append(jnp.asarray(flat[at : at + s]))
+        at += s
+    return out
+
+
+# ---- candidates: each f(grads, scale) -> (unscaled grads, found_inf) -------
+
+
+def plain_copy(grads, scale):
+    # Identity under jit: the outputs must be fresh buffers, so XLA copies
+    # every leaf (checked in `run_case`): read N bytes, write N bytes.
+    return grads, jnp.asarray(False)
+
+
+def ours(grads, state):
+    import jax_amp_scale as jas
+
+    return jas.unscale_and_check(grads, state)
+
+
+def jmp_unscale_check(grads, loss_scale):
+    import jmp
+
+    grads = loss_scale.unscale(grads)
+    return grads, jnp.logical_not(jmp.all_finite(grads))
+
+
+def flax_pattern(grads, scale):
+    # flax.training.dynamic_scale.DynamicScale.value_and_grad, after jax.grad.
+    grads = jax.tree.map(lambda g: jnp.asarray(g, jnp.float32) / scale, grads)
+    finite = jnp.array(True)
+    for g in jax.tree.leaves(grads):
+        finite &= jnp.all(jax.lax.is_finite(g))
+    return grads, jnp.logical_not(finite)
+
+
+def optax_pattern(grads, scale):
+    # A hand unscale, then optax.apply_if_finite's own finiteness test.
+    inv = 1.0 / scale
+    grads = jax.tree.map(lambda g: g * inv, grads)
+    finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(grads)]))
+    return grads, jnp.logical_not(finite)
+
+
+def jax_candidates(ours_ok: bool):
+    """name -> (function, the scale argument it takes)."""
+    import jmp
+
+    out = {"plain copy": (plain_copy, jnp.float32(SCALE))}
+    if ours_ok:
+        import jax_amp_scale as jas
+
+        out["ours unscale_and_check"] = (ours, jas.init_scale_state(SCALE))
+    out["jmp unscale + all_finite"] = (jmp_unscale_check, jmp.DynamicLossScale(jnp.float32(SCALE)))
+    out["flax DynamicScale pattern"] = (flax_pattern, jnp.float32(SCALE))
+    out["optax unscale + apply_if_finite check"] = (optax_pattern, jnp.float32(SCALE))
+    return out
+
+
+def run_case(total_bytes: int, n_leaves: int, reps: int, warmup: int, ours_ok: bool):
+    grads = make_grads(total_bytes, n_leaves)
+    cands = {}
+    for name, (fn, scale) in jax_candidates(ours_ok).items():
+        f = jax.jit(fn)
+        out, found = f(grads, scale)
+        if name == "plain copy" and any(
+            o.unsafe_buffer_pointer() == g.unsafe_buffer_pointer()
+            for o, g in zip(jax.tree.leaves(out), grads, strict=True)
+        ):
+            raise RuntimeError("the plain copy aliased its input: it would measure nothing")
+        if bool(found):
+            raise RuntimeError(f"{name} reported an overflow on finite gradients")
+        del out
+        cands[name] = lambda f=f, scale=scale: jax.block_until_ready(f(grads, scale))
+    rows = _harness.measure(cands, baseline="plain copy", reps=reps, warmup=warmup)
+    del cands, grads
+    return rows
+
+
+def run_torch_case(total_bytes: int, n_leaves: int, reps: int, warmup: int):
+    """torch's fused unscale-and-check (in place) against torch's copy."""
+    import torch
+
+    sizes = split_sizes(total_bytes // 4, n_leaves)
+    flat = torch.randn(sum(sizes)) * SCALE
+    grads = list(torch.split(flat, sizes))
+    grads = [g.clone() for g in grads]  # separate allocations, as real grads
+    dst = [torch.empty_like(g) for g in grads]
+    found = torch.zeros(1)
+    inv = torch.full((1,), 1.0 / SCALE)
+    one = torch.ones(1)
+
+    def copy():
+        torch._foreach_copy_(dst, grads)
+
+    def fused():
+        # Unscales in place; multiplying back by the scale afterwards would
+        # double the work, so alternate the factor to keep values bounded.
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one / inv)
+
+    rows = _harness.measure(
+        {"torch _foreach_copy_": copy, "torch GradScaler fused unscale+check (x2)": fused},
+        baseline="torch _foreach_copy_",
+        reps=reps,
+        warmup=warmup,
+    )
+    # `fused` ran the fused op twice per sample: report one call.
+    rows[1].times = [t / 2 for t in rows[1].times]
+    rows[1].ratios = [r / 2 for r in rows[1].ratios or []]
+    rows[1].name = "torch fused unscale+check (_amp_foreach_non_finite_check_and_unscale_)"
+    if float(found) != 0.0:
+        raise RuntimeError("torch reported an overflow on finite gradients")
+    return rows
+
+
+def _throughput(rows, total_bytes):
+    gib = total_bytes / 2**30
+    base = rows[0].median
+    thr = {r.name: f"{gib / r.median:.2f}" for r in rows}
+    pct = {r.name: f"{100 * base / r.median:.0f}%" for r in rows}
+    return {"GiB/s (gradient bytes)": thr, "% of copy throughput": pct}
+
+
+def main(argv: list[str] | None = None) -> list[_harness.Table]:
+    p = _harness.parser(__doc__.splitlines()[0], reps=10)
+    p.add_argument("--no-torch", action="store_true", help="skip the torch reference rows")
+    args = p.parse_args(argv)
+    if args.tiny:
+        total, leaf_counts, reps, warmup = 1 << 16, (1, 10, 100), 1, 1
+    else:
+        total, leaf_counts, reps, warmup = 256 << 20, (1, 100, 10_000), args.reps, args.warmup
+
+    from _steps import ours_available
+
+    why = ours_available()
+    torch_ok = not args.no_torch
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        torch_ok = False
+
+    tables = []
+    for n in leaf_counts:
+        notes = [] if why is None else [f"ours not measured: {why}"]
+        rows = run_case(total, n, reps, warmup, why is None)
+        tables.append(
+            _harness.Table(
+                workload="2. One pass over the gradients",
+                title=f"{total >> 20} MiB float32 over {n} leaves",
+                baseline="plain copy",
+                rows=rows,
+                unit="ms",
+                reps=reps,
+                warmup=warmup,
+                notes=notes,
+                columns=_throughput(rows, total),
+            )
+        )
+        if torch_ok:
+            rows = run_torch_case(total, n, reps, warmup)
+            tables.append(
+                _harness.Table(
+                    workload="2. One pass over the gradients (torch reference)",
+                    title=f"{total >> 20} MiB float32 over {n} tensors, torch CPU, in place",
+                    baseline="torch _foreach_copy_",
+                    rows=rows,
+                    unit="ms",
+                    reps=reps,
+                    warmup=warmup,
+                    columns=_throughput(rows, total),
+                )
+            )
+    _harness.finish(args, tables)
+    return tables
+
+
+if __name__ == "__main__":
+    main()
