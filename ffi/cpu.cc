@@ -22,8 +22,8 @@ ffi::Error UpdateScaleCpu(ffi::AnyBuffer scale, ffi::AnyBuffer tracker,
                               growth_interval, &call);
   if (!err.empty()) return ffi::Error::InvalidArgument(err);
 
-  const float gf = static_cast<float>(growth_factor);
-  const float bf = static_cast<float>(backoff_factor);
+  const Factor gf = SplitFactor(growth_factor);
+  const Factor bf = SplitFactor(backoff_factor);
   const auto* tracker_in = static_cast<const int32_t*>(tracker.untyped_data());
   auto* tracker_res = static_cast<int32_t*>(tracker_out->untyped_data());
   for (int64_t i = 0; i < call.count; ++i) {

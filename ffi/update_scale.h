@@ -10,10 +10,10 @@
 //   else:                            tracker += 1 (int32, wrapping)
 //
 // Arithmetic contract (shared bit for bit with the pure-JAX reference in
-// jax_amp_scale/_reference.py): the scale is widened to float32, multiplied
-// by float32(factor) with one float32 rounding, then narrowed to the storage
-// dtype with round-to-nearest-even.  This header has no XLA or CUDA
-// dependency so that CPU, CUDA and test code can all include it.
+// jax_amp_scale/_product.py): scale * factor is rounded as torch rounds it,
+// first to float64, then to the scale's dtype (MulByFactor).  This header
+// has no XLA or CUDA dependency so that CPU, CUDA and test code can all
+// include it.
 #ifndef JAX_AMP_SCALE_FFI_UPDATE_SCALE_H_
 #define JAX_AMP_SCALE_FFI_UPDATE_SCALE_H_
 
@@ -44,125 +44,138 @@ JAS_HD inline float BitsToFloat(uint32_t u) {
   return f;
 }
 
-// IEEE binary16 -> binary32, exact (NaN payloads kept, quiet bit set, as
-// the x86 F16C and CUDA conversions do).
-JAS_HD inline float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1Fu;
-  uint32_t mant = h & 0x3FFu;
-  if (exp == 0x1Fu) {  // inf or NaN
-    uint32_t bits = sign | 0x7F800000u | (mant << 13);
-    if (mant != 0) bits |= 0x00400000u;
-    return BitsToFloat(bits);
-  }
-  if (exp == 0) {
-    if (mant == 0) return BitsToFloat(sign);
-    // Subnormal half: value = mant * 2^-24, exactly representable in f32.
-    int e = -1;
-    do {
-      mant <<= 1;
-      ++e;
-    } while ((mant & 0x400u) == 0);
-    mant &= 0x3FFu;
-    const uint32_t f_exp = static_cast<uint32_t>(127 - 15 - e);
-    return BitsToFloat(sign | (f_exp << 23) | (mant << 13));
-  }
-  return BitsToFloat(sign | ((exp + 112u) << 23) | (mant << 13));
-}
+// Storage formats of the scale.  p = significand bits (with the implicit
+// one), emin = smallest normal exponent, bias = exponent bias.
+struct Format {
+  int exp_bits;
+  int p;
+  int bias;
+  uint32_t sign_bit;
+  uint32_t inf_bits;   // +inf
+  uint32_t quiet_bit;  // top significand bit (quiet NaN)
+};
 
-// binary32 -> binary16, round to nearest even; NaN stays NaN (quiet, top
-// payload bits kept), overflow goes to inf.
-JAS_HD inline uint16_t FloatToHalf(float f) {
-  const uint32_t u = FloatBits(f);
-  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  const uint32_t exp = (u >> 23) & 0xFFu;
-  const uint32_t mant = u & 0x7FFFFFu;
-  if (exp == 0xFFu) {
-    if (mant == 0) return static_cast<uint16_t>(sign | 0x7C00u);
-    return static_cast<uint16_t>(sign | 0x7E00u | (mant >> 13));
-  }
-  const int32_t e = static_cast<int32_t>(exp) - 127 + 15;
-  if (e >= 0x1F) return static_cast<uint16_t>(sign | 0x7C00u);
-  if (e <= 0) {
-    // Result is subnormal in half (or zero).  Shift the full significand
-    // (with implicit bit) right and round to nearest even.
-    if (e < -10) return sign;  // below half the smallest subnormal
-    const uint32_t full = mant | 0x800000u;
-    const uint32_t shift = static_cast<uint32_t>(14 - e);  // 14..24
-    uint32_t half_mant = full >> shift;
-    const uint32_t rem = full & ((1u << shift) - 1u);
-    const uint32_t halfway = 1u << (shift - 1u);
-    if (rem > halfway || (rem == halfway && (half_mant & 1u))) ++half_mant;
-    return static_cast<uint16_t>(sign | half_mant);
-  }
-  uint32_t out = (static_cast<uint32_t>(e) << 10) | (mant >> 13);
-  const uint32_t rem = mant & 0x1FFFu;
-  if (rem > 0x1000u || (rem == 0x1000u && (out & 1u))) ++out;  // may carry to inf
-  return static_cast<uint16_t>(sign | out);
-}
-
-JAS_HD inline float Bf16ToFloat(uint16_t b) {
-  return BitsToFloat(static_cast<uint32_t>(b) << 16);
-}
-
-JAS_HD inline uint16_t FloatToBf16(float f) {
-  const uint32_t u = FloatBits(f);
-  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x7FFFFFu) != 0) {
-    return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
-  }
-  const uint32_t rounding = 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>((u + rounding) >> 16);
-}
-
-JAS_HD inline float LoadScale(ScaleDtype dt, const void* base, int64_t i) {
+JAS_HD inline Format FormatOf(ScaleDtype dt) {
   switch (dt) {
-    case ScaleDtype::kF32:
-      return static_cast<const float*>(base)[i];
     case ScaleDtype::kF16:
-      return HalfToFloat(static_cast<const uint16_t*>(base)[i]);
+      return Format{5, 11, 15, 0x8000u, 0x7C00u, 0x0200u};
     case ScaleDtype::kBF16:
-      return Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
-  }
-  return 0.0f;
-}
-
-JAS_HD inline void StoreScale(ScaleDtype dt, void* base, int64_t i, float v) {
-  switch (dt) {
+      return Format{8, 8, 127, 0x8000u, 0x7F80u, 0x0040u};
     case ScaleDtype::kF32:
-      static_cast<float*>(base)[i] = v;
-      return;
-    case ScaleDtype::kF16:
-      static_cast<uint16_t*>(base)[i] = FloatToHalf(v);
-      return;
-    case ScaleDtype::kBF16:
-      static_cast<uint16_t*>(base)[i] = FloatToBf16(v);
-      return;
+    default:
+      return Format{8, 24, 127, 0x80000000u, 0x7F800000u, 0x00400000u};
   }
 }
 
-JAS_HD inline void CopyScale(ScaleDtype dt, const void* in, void* out,
-                             int64_t i) {
-  if (dt == ScaleDtype::kF32) {
-    static_cast<float*>(out)[i] = static_cast<const float*>(in)[i];
+// A positive finite factor as an integer significand and exponent:
+// factor = significand * 2^(exponent - 52), significand in [2^52, 2^53).
+struct Factor {
+  uint64_t significand;
+  int exponent;
+};
+
+// Splits a finite double > 0 (checked by CheckAttributes) exactly.
+JAS_HD inline Factor SplitFactor(double f) {
+  uint64_t u;
+  memcpy(&u, &f, sizeof(u));
+  const int e = static_cast<int>((u >> 52) & 0x7FFu);
+  uint64_t m = u & ((uint64_t{1} << 52) - 1);
+  if (e != 0) return Factor{m | (uint64_t{1} << 52), e - 1023};
+  int shift = 0;  // subnormal double: normalise
+  while ((m & (uint64_t{1} << 52)) == 0) {
+    m <<= 1;
+    ++shift;
+  }
+  return Factor{m, -1022 - shift};
+}
+
+// Bit length of a nonzero value (position of the highest set bit + 1).
+JAS_HD inline int BitLength(uint32_t v) {
+  int n = 0;
+  while (v != 0) {
+    v >>= 1;
+    ++n;
+  }
+  return n;
+}
+
+// scale * factor, rounded as torch rounds it: the exact product is first
+// rounded to float64 (torch multiplies a float by a double), then to the
+// scale's format (round to nearest even, overflow to inf, gradual underflow).
+// Integer arithmetic only, so flush-to-zero modes (XLA:CPU sets them) and
+// FMA contraction cannot change a bit.  `bits` holds a value of format `dt`.
+JAS_HD inline uint32_t MulByFactor(ScaleDtype dt, uint32_t bits, Factor g) {
+  const Format fm = FormatOf(dt);
+  const int q = fm.p - 1;  // stored significand bits
+  const uint32_t sign = bits & fm.sign_bit;
+  const uint32_t mag = bits & ~fm.sign_bit;
+  if (mag > fm.inf_bits) return bits | fm.quiet_bit;  // NaN stays NaN
+  if (mag == fm.inf_bits || mag == 0) return bits;    // inf and zero are fixed
+  const uint32_t e = mag >> q;
+  const uint32_t m = mag & ((1u << q) - 1u);
+  // x = mx * 2^(ex - 23) with mx in [2^23, 2^24).
+  uint32_t mx;
+  int ex;
+  if (e != 0) {
+    mx = (m | (1u << q)) << (23 - q);
+    ex = static_cast<int>(e) - fm.bias;
   } else {
-    static_cast<uint16_t*>(out)[i] = static_cast<const uint16_t*>(in)[i];
+    const int n = BitLength(m);
+    mx = m << (24 - n);
+    ex = 1 - fm.bias - q + (n - 1);
+  }
+  // Exact product: < 2^77, top bit at 75 or 76.
+  const unsigned __int128 prod =
+      static_cast<unsigned __int128>(mx) * static_cast<unsigned __int128>(g.significand);
+  int top = (prod >> 76) != 0 ? 76 : 75;
+  // Round to float64's 53 bits (k1 = dropped low bits).
+  const int k1 = top - 52;
+  const unsigned __int128 one = 1;
+  const unsigned __int128 low1 = prod & ((one << k1) - 1);
+  const unsigned __int128 half1 = one << (k1 - 1);
+  unsigned __int128 p1 = prod - low1;
+  if (low1 > half1 || (low1 == half1 && ((prod >> k1) & 1) != 0)) p1 += one << k1;
+  if ((p1 >> (top + 1)) != 0) ++top;
+  // value = 1.f * 2^exp
+  const int exp = ex + g.exponent + (top - 75);
+  const int emin = 1 - fm.bias;
+  const int emax = fm.bias;
+  if (exp > emax) return sign | fm.inf_bits;
+  // Round to the target format, keeping p bits (fewer when subnormal).
+  const int shift = top - q + (exp < emin ? emin - exp : 0);
+  if (shift > top + 1) return sign;  // below half the smallest subnormal
+  uint32_t kept = static_cast<uint32_t>(p1 >> shift);
+  const unsigned __int128 low2 = p1 & ((one << shift) - 1);
+  const unsigned __int128 half2 = one << (shift - 1);
+  if (low2 > half2 || (low2 == half2 && (kept & 1u) != 0)) ++kept;
+  const int biased = (exp < emin ? emin : exp) + fm.bias - 1;
+  uint32_t out = (static_cast<uint32_t>(biased) << q) + kept;  // carries fold in
+  if (out > fm.inf_bits) out = fm.inf_bits;
+  return sign | out;
+}
+
+JAS_HD inline uint32_t LoadBits(ScaleDtype dt, const void* base, int64_t i) {
+  if (dt == ScaleDtype::kF32) return static_cast<const uint32_t*>(base)[i];
+  return static_cast<const uint16_t*>(base)[i];
+}
+
+JAS_HD inline void StoreBits(ScaleDtype dt, void* base, int64_t i, uint32_t v) {
+  if (dt == ScaleDtype::kF32) {
+    static_cast<uint32_t*>(base)[i] = v;
+  } else {
+    static_cast<uint16_t*>(base)[i] = static_cast<uint16_t>(v);
   }
 }
 
-// A value of the scale dtype counts as "found" when it is nonzero or NaN.
-JAS_HD inline bool IsFound(float v) { return !(v == 0.0f); }
+JAS_HD inline bool IsFiniteBits(ScaleDtype dt, uint32_t bits) {
+  const Format fm = FormatOf(dt);
+  return (bits & fm.inf_bits) != fm.inf_bits;
+}
 
-// Whether `v`, once rounded to the storage dtype, is finite.
-JAS_HD inline bool NarrowsToFinite(ScaleDtype dt, float v) {
-  switch (dt) {
-    case ScaleDtype::kF32:
-      return (FloatBits(v) & 0x7F800000u) != 0x7F800000u;
-    case ScaleDtype::kF16:
-      return (FloatToHalf(v) & 0x7C00u) != 0x7C00u;
-    case ScaleDtype::kBF16:
-      return (FloatToBf16(v) & 0x7F80u) != 0x7F80u;
-  }
-  return false;
+// found_inf (in the scale's format) counts when nonzero or NaN: any bits
+// other than the sign.
+JAS_HD inline bool IsFoundBits(ScaleDtype dt, uint32_t bits) {
+  return (bits & ~FormatOf(dt).sign_bit) != 0;
 }
 
 // int32 increment that wraps INT32_MAX to INT32_MIN without signed overflow.
@@ -173,32 +186,28 @@ JAS_HD inline int32_t WrappingIncrement(int32_t t) {
 }
 
 // One element of the update.  `scale_out` may alias `scale_in` and
-// `tracker_out` may alias `tracker_in` (in-place update).
+// `tracker_out` may alias `tracker_in` (in-place update): each input is read
+// before its output is written.
 JAS_HD inline void UpdateElement(ScaleDtype dt, const void* scale_in,
                                  const int32_t* tracker_in,
                                  const void* found_inf, void* scale_out,
                                  int32_t* tracker_out, int64_t i,
-                                 float growth_factor, float backoff_factor,
+                                 Factor growth, Factor backoff,
                                  int64_t growth_interval) {
-  const float scale = LoadScale(dt, scale_in, i);
-  if (IsFound(LoadScale(dt, found_inf, i))) {
-    StoreScale(dt, scale_out, i, scale * backoff_factor);
+  const uint32_t scale = LoadBits(dt, scale_in, i);
+  if (IsFoundBits(dt, LoadBits(dt, found_inf, i))) {
+    StoreBits(dt, scale_out, i, MulByFactor(dt, scale, backoff));
     tracker_out[i] = 0;
     return;
   }
   const int32_t successful = WrappingIncrement(tracker_in[i]);
   if (static_cast<int64_t>(successful) == growth_interval) {
-    // Growth is refused when the value, rounded to the storage dtype, is
-    // inf/NaN.  Decide before writing: scale_out may alias scale_in.
-    const float grown = scale * growth_factor;
-    if (NarrowsToFinite(dt, grown)) {
-      StoreScale(dt, scale_out, i, grown);
-    } else {
-      CopyScale(dt, scale_in, scale_out, i);
-    }
+    // Growth is refused when the rounded product is inf/NaN.
+    const uint32_t grown = MulByFactor(dt, scale, growth);
+    StoreBits(dt, scale_out, i, IsFiniteBits(dt, grown) ? grown : scale);
     tracker_out[i] = 0;
   } else {
-    CopyScale(dt, scale_in, scale_out, i);
+    StoreBits(dt, scale_out, i, scale);
     tracker_out[i] = successful;
   }
 }

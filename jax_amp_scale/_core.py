@@ -9,7 +9,6 @@ from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jax_amp_scale import _ffi
 from jax_amp_scale._reference import update_scale_reference
@@ -81,9 +80,7 @@ def _check_tracker(x: Any, shape: tuple[int, ...], name: str) -> jax.Array:
         got = jnp.dtype(dtype).name if dtype is not None else type(x).__name__
         raise TypeError(f"{name} must be an int32 array, got {got}")
     if tuple(x.shape) != shape:
-        raise ValueError(
-            f"{name} must have the shape of the scale {shape}, got {tuple(x.shape)}"
-        )
+        raise ValueError(f"{name} must have the shape of the scale {shape}, got {tuple(x.shape)}")
     return jnp.asarray(x)
 
 
@@ -146,7 +143,7 @@ def amp_update_scale(
       ``(updated_scale, updated_growth_tracker)``, shapes and dtypes of the inputs.
       The state is not differentiable: gradients through it are zero.
     """
-    backend = _check_backend(backend)
+    chosen = _check_backend(backend)
     gf = check_factor(growth_factor, "growth_factor")
     bf = check_factor(backoff_factor, "backoff_factor")
     gi = check_growth_interval(growth_interval)
@@ -160,12 +157,12 @@ def amp_update_scale(
     if axis_name is not None:
         found = jax.lax.pmax(found.astype(jnp.int32), axis_name) > 0
 
-    attrs = dict(growth_factor=gf, backoff_factor=bf, growth_interval=gi)
-    if backend == "reference":
+    attrs: dict[str, Any] = dict(growth_factor=gf, backoff_factor=bf, growth_interval=gi)
+    if chosen == "reference":
         return update_scale_reference(scale, tracker, found, **attrs)
-    if backend == "ffi":
+    if chosen == "ffi":
         return _ffi.update_scale_ffi(scale, tracker, found, **attrs)
-    # auto
+    # auto: the native handler only where measurements favour it.
     prefer = AUTO_PREFERS_FFI & _ffi.platforms()
     if not prefer:
         return update_scale_reference(scale, tracker, found, **attrs)
@@ -205,5 +202,3 @@ def update_scale(
         axis_name=axis_name,
     )
     return dataclasses.replace(state, scale=scale, growth_tracker=tracker)
-
-

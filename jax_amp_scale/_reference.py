@@ -1,19 +1,18 @@
 """The update rule in plain jax.numpy/lax: runs on every JAX platform.
 
-Arithmetic contract, shared bit for bit with the native handlers
-(``ffi/update_scale.h``): the scale is widened to float32, multiplied by
-``float32(factor)`` with one float32 rounding, and rounded back to the scale
-dtype (round to nearest even).  For float32 scales this equals torch's float64
-product rounded to float32 whenever the factor is exactly representable in
-float32 (2.0, 0.5, 1.5, 0.25, ...); for other factors (1.1, 0.3, ...) the
-last bit may differ from torch.
+The products ``scale * factor`` are computed by `_product.mul_by_factor`,
+which rounds as torch does (exact product, to float64, to the scale dtype)
+with integer ops only; so this lowering, the native handlers and
+``torch._amp_update_scale_`` agree bit for bit for float32 scales and any
+factor, and XLA:CPU's flush-to-zero cannot touch subnormal scales.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from jax_amp_scale._product import FORMATS, mul_by_factor
 
 
 def update_scale_reference(
@@ -36,16 +35,16 @@ def update_scale_reference(
     Returns:
       ``(updated_scale, updated_growth_tracker)`` with the input shapes/dtypes.
     """
-    wide = scale.astype(jnp.float32)
-    backed_off = (wide * np.float32(backoff_factor)).astype(scale.dtype)
-    grown = (wide * np.float32(growth_factor)).astype(scale.dtype)
+    fm = FORMATS[jnp.dtype(scale.dtype)]
+    bits = jax.lax.bitcast_convert_type(scale, fm.bits_dtype)
+    backed_off = mul_by_factor(bits, scale.dtype, backoff_factor)
+    grown = mul_by_factor(bits, scale.dtype, growth_factor)
+    grown_finite = (grown & fm.inf_bits) != fm.inf_bits
 
     # int32 addition wraps in XLA (two's complement), as the spec requires.
     successful = growth_tracker + jnp.int32(1)
     grow = successful == jnp.int32(growth_interval)
 
-    grown_or_kept = jnp.where(jnp.isfinite(grown), grown, scale)
-    new_scale = jnp.where(found, backed_off, jnp.where(grow, grown_or_kept, scale))
-    zero = jnp.zeros_like(growth_tracker)
-    new_tracker = jnp.where(found | grow, zero, successful)
-    return new_scale, new_tracker
+    new_bits = jnp.where(found, backed_off, jnp.where(grow & grown_finite, grown, bits))
+    new_tracker = jnp.where(found | grow, jnp.zeros_like(growth_tracker), successful)
+    return jax.lax.bitcast_convert_type(new_bits, scale.dtype), new_tracker

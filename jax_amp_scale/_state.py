@@ -142,11 +142,11 @@ def init_scale_state(
     shape = tuple(shape)
     if shape not in ((), (1,)):
         raise ValueError(f"shape must be () or (1,), got {shape}")
-    scale = np.asarray(init, dtype=dt)
+    with np.errstate(over="ignore"):
+        scale = np.asarray(init, dtype=dt)
     if not np.isfinite(scale.astype(np.float32)):
         raise ValueError(
-            f"init_scale={init_scale!r} is not finite in {dt.name} "
-            f"(max {float(jnp.finfo(dt).max)})"
+            f"init_scale={init_scale!r} is not finite in {dt.name} (max {float(jnp.finfo(dt).max)})"
         )
     return ScaleState(
         scale=jnp.full(shape, init, dtype=dt),
