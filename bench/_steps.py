@@ -97,7 +97,10 @@ def flax_dynamic(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformat
         ds, is_fin, _, grads = ds.value_and_grad(loss_fn)(params, batch)
         updates, new_opt_state = opt.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(is_fin, a, b), new, old)
+
+        def keep(new, old):
+            return jax.tree.map(lambda a, b: jnp.where(is_fin, a, b), new, old)
+
         return keep(new_params, params), keep(new_opt_state, opt_state), ds
 
     return (params, opt.init(params), ds), step

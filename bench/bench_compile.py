@@ -26,8 +26,8 @@ import optax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _harness  # noqa: E402
-import _steps  # noqa: E402
+import _harness
+import _steps
 
 LEAF = 16
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         type=int,
         nargs="+",
         default=None,
-        help="leaf counts (default 10 1000 10000; --tiny: 2 20)",
+        help="leaf counts (default 10 1000 10000; --tiny: 2 4)",
     )
     p.add_argument(
         "--reps-large",
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         help="repetitions at 10,000 leaves and above, where one compile takes seconds",
     )
     args = p.parse_args(argv)
-    leaf_counts = args.leaves or ((2, 20) if args.tiny else (10, 1000, 10_000))
+    leaf_counts = args.leaves or ((2, 4) if args.tiny else (10, 1000, 10_000))
     why = _steps.ours_available()
     builders = _steps.candidates(_steps.backends() if why is None else ())
 

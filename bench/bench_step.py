@@ -22,8 +22,8 @@ import optax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _harness  # noqa: E402
-import _steps  # noqa: E402
+import _harness
+import _steps
 
 COMPUTE = jnp.float16
 

@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _harness  # noqa: E402
+import _harness
 
 SCALE = 2.0**15
 
@@ -119,7 +119,6 @@ def run_case(total_bytes: int, n_leaves: int, reps: int, warmup: int, ours_ok: b
         del out
         cands[name] = lambda f=f, scale=scale: jax.block_until_ready(f(grads, scale))
     rows = _harness.measure(cands, baseline="plain copy", reps=reps, warmup=warmup)
-    del cands, grads
     return rows
 
 
