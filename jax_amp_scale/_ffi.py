@@ -91,12 +91,16 @@ batching.primitive_batchers[_unavailable_p] = lambda args, dims: (
 
 
 def _unavailable_lowering(ctx: Any, *args: Any) -> Any:
-    platform = ",".join(ctx.module_context.platforms)
+    missing = [p for p in ctx.module_context.platforms if p.lower() not in _registered]
+    if not missing:
+        # Older jax lowers every platform_dependent branch; this one is dead
+        # code for the platforms being lowered, so an identity is enough.
+        return list(args)
     have = ", ".join(sorted(_registered)) or "none"
     raise NotImplementedError(
         f"jax_amp_scale: backend='ffi' has no native handler for platform "
-        f"'{platform}' (handlers: {have}). Use backend='reference' or 'auto', "
-        f"or register one with jax_amp_scale.plugin.register(platform=...)."
+        f"'{','.join(missing)}' (handlers: {have}). Use backend='reference' or "
+        f"'auto', or register one with jax_amp_scale.plugin.register(platform=...)."
     )
 
 

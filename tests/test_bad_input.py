@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import export
 
 import jax_amp_scale as jas
 
@@ -146,7 +147,7 @@ def test_ffi_on_platform_without_handler_fails_clearly():
     st = jas.init_scale_state()
     exported = None
     with pytest.raises(NotImplementedError, match="no native handler for platform 'tpu'"):
-        exported = jax.export.export(
+        exported = export.export(
             jax.jit(lambda s: jas.update_scale(s, False, backend="ffi")), platforms=["tpu"]
         )(st)
     assert exported is None
@@ -155,7 +156,7 @@ def test_ffi_on_platform_without_handler_fails_clearly():
 def test_reference_and_auto_lower_for_other_platforms():
     st = jas.init_scale_state()
     for backend in ("reference", "auto"):
-        exp = jax.export.export(
+        exp = export.export(
             jax.jit(lambda s, b=backend: jas.update_scale(s, False, backend=b)),
             platforms=["tpu", "cuda"],
         )(st)

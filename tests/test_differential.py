@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jax_amp_scale as jas
+from tests._budget import examples
 from tests._rule import rule
 
 INT32_MAX = 2**31 - 1
@@ -70,7 +71,7 @@ factors = st.one_of(
 intervals = st.one_of(st.sampled_from([1, 2, 2000, INT32_MAX]), st.integers(1, INT32_MAX))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     dtype=st.sampled_from([np.float32, np.float16, ml_dtypes.bfloat16]),
     gf=factors,
@@ -100,7 +101,7 @@ def test_reference_ffi_and_numpy_rule_agree_bitwise(dtype, gf, bf, gi, seed):
             assert got.view(bits) == np.asarray(es, dtype).view(bits), (i, scales[i], found[i])
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=examples(10), deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), gi=intervals)
 def test_scan_trajectories_agree(seed, gi):
     """Thousands of steps in lax.scan: both backends follow one trajectory."""

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jax_amp_scale as jas
+from tests._budget import examples
 
 torch = pytest.importorskip("torch")
 
@@ -38,7 +39,7 @@ def ours(backend, gf, bf, gi):
     return jax.jit(jax.vmap(one))
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(
     gf=st.one_of(st.sampled_from([2.0, 1.1, 3.0, 1.0001]), st.floats(1.0, 1e3)),
     bf=st.one_of(st.sampled_from([0.5, 0.3, 0.9, 0.1]), st.floats(1e-3, 1.0)),

@@ -1,0 +1,276 @@
+"""Loss-scaling helpers: scale a loss, unscale and check gradients.
+
+Every function takes the loss scale as ``state``: a `ScaleState`, a scale
+kind (`DynamicScale`, `StaticScale`, `NoOpScale`), an optax
+`LossScaledState`, any pytree holding exactly one `ScaleState`, or a plain
+float scalar (Python number or array).  Gradients are pytrees of mixed dtypes:
+floating leaves (float16, bfloat16, float32, float64) are unscaled and checked;
+integer, boolean and ``float0`` leaves pass through untouched; ``None`` is an
+empty subtree in JAX and stays ``None``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_amp_scale._state import ScaleState
+
+PyTree = Any
+
+
+def _is_float_leaf(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        return False
+    dtype = np.dtype(dtype)
+    return dtype != jax.dtypes.float0 and jnp.issubdtype(dtype, jnp.floating)
+
+
+def find_scale_state(tree: PyTree) -> ScaleState:
+    """The one `ScaleState` inside `tree`, found by a plain pytree walk.
+
+    Raises ``ValueError`` when `tree` holds none or more than one (for
+    example an optax state with two `loss_scaled` wrappers).
+    """
+    found = [
+        x
+        for x in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, ScaleState))
+        if isinstance(x, ScaleState)
+    ]
+    if len(found) != 1:
+        raise ValueError(
+            f"expected exactly one ScaleState in the pytree, found {len(found)}; "
+            "pass the ScaleState, scale kind or LossScaledState itself"
+        )
+    return found[0]
+
+
+def _is_identity(state: Any) -> bool:
+    # NoOpScale (and states that wrap one) multiply by nothing at all.
+    return bool(getattr(state, "is_identity", False))
+
+
+def _scale_value(state: Any, name: str = "state") -> jax.Array:
+    """The current loss scale held by `state`, as a float array (shape () or (1,))."""
+    if isinstance(state, ScaleState):
+        value = state.scale
+    elif hasattr(state, "loss_scale"):
+        value = state.loss_scale
+    elif isinstance(state, bool):
+        raise TypeError(f"{name} must be a scale state or a float scalar, got bool")
+    elif isinstance(state, numbers.Real):
+        value = jnp.asarray(float(state), dtype=jnp.float32)
+    elif isinstance(state, jax.Array | np.ndarray | np.generic):
+        value = jnp.asarray(state)
+    else:
+        try:
+            value = find_scale_state(state).scale
+        except ValueError:
+            raise TypeError(
+                f"{name} must be a ScaleState, a scale kind (DynamicScale, StaticScale, "
+                f"NoOpScale), a LossScaledState or a float scalar; got {type(state).__name__}"
+            ) from None
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"{name}: the loss scale must be a floating array, got {dtype}")
+    if value.size != 1 or value.ndim > 1:
+        raise ValueError(
+            f"{name}: the loss scale must have shape () or (1,), got {tuple(value.shape)}"
+        )
+    return value.reshape(())
+
+
+def _compute_dtype(dtype: Any) -> Any:
+    # float16/bfloat16 leaves are multiplied in float32 (one rounding back to
+    # the leaf dtype), float64 leaves in float64.
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def scale_loss(loss: PyTree, state: Any) -> PyTree:
+    """Multiplies the loss by the current loss scale.
+
+    Args:
+      loss: a floating array (usually a scalar) or a pytree of them.
+      state: where the scale lives (see the module docstring).
+
+    Returns:
+      ``loss * scale`` computed and returned in ``promote_types(loss.dtype,
+      float32)``: a float16 loss times ``2**16`` would overflow float16 itself,
+      while its gradient, taken through this float32 product, arrives in the
+      parameters' dtype.  Non-floating leaves are returned unchanged.
+    """
+    if _is_identity(state):
+        return loss
+    scale = _scale_value(state)
+
+    def one(x: Any) -> Any:
+        if not _is_float_leaf(x):
+            return x
+        dt = _compute_dtype(x.dtype)
+        return x.astype(dt) * scale.astype(dt)
+
+    return jax.tree_util.tree_map(one, loss)
+
+
+def _inverse(state: Any) -> jax.Array | None:
+    if _is_identity(state):
+        return None
+    # float32 reciprocal, as torch's GradScaler (which multiplies by inv_scale).
+    return jnp.float32(1.0) / _scale_value(state).astype(jnp.float32)
+
+
+def _unscale_leaf(x: Any, inv: jax.Array | None) -> Any:
+    if inv is None or not _is_float_leaf(x):
+        return x
+    dt = _compute_dtype(x.dtype)
+    return (x.astype(dt) * inv.astype(dt)).astype(x.dtype)
+
+
+def _leaf_finite(x: Any) -> jax.Array:
+    return jnp.all(jnp.isfinite(x))
+
+
+def unscale(tree: PyTree, state: Any) -> PyTree:
+    """Multiplies every floating leaf by ``float32(1 / scale)``.
+
+    Each leaf is computed in ``promote_types(dtype, float32)`` and rounded
+    once back to its own dtype; integer/bool/float0 leaves pass unchanged.
+    """
+    inv = _inverse(state)
+    return jax.tree_util.tree_map(lambda x: _unscale_leaf(x, inv), tree)
+
+
+def all_finite(tree: PyTree) -> jax.Array:
+    """True (bool scalar) when every floating leaf holds only finite values.
+
+    Non-floating leaves are ignored; an empty tree is finite.
+    """
+    flags = [_leaf_finite(x) for x in jax.tree_util.tree_leaves(tree) if _is_float_leaf(x)]
+    if not flags:
+        return jnp.array(True)
+    return jnp.all(jnp.stack(flags))
+
+
+def unscale_and_check(tree: PyTree, state: Any) -> tuple[PyTree, jax.Array]:
+    """Unscales the gradients and reports whether any value is non-finite.
+
+    Args:
+      tree: gradients of the scaled loss (any pytree, mixed dtypes).
+      state: where the scale lives (see the module docstring).
+
+    Returns:
+      ``(unscaled, found_inf)``: ``unscaled`` as from `unscale`; ``found_inf`` a
+      bool scalar, True when any unscaled floating value is inf or NaN.  The
+      check reads the *unscaled* value, so a finite gradient that overflows
+      when a scale below 1 is divided out is caught too.
+
+    Each leaf's check is written on the same expression as its unscaled
+    value, so XLA can fuse both into one pass over the gradient where it
+    fuses reductions with elementwise producers (multi-output fusion on GPU).
+    XLA:CPU keeps reductions out of fusions: there the check is a second
+    kernel per leaf; tests/test_scaling.py pins the structure of both.
+    """
+    inv = _inverse(state)
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    out = []
+    flags = []
+    for x in leaves:
+        u = _unscale_leaf(x, inv)
+        if _is_float_leaf(x):
+            flags.append(_leaf_finite(u))
+        out.append(u)
+    finite = jnp.all(jnp.stack(flags)) if flags else jnp.array(True)
+    return jax.tree_util.tree_unflatten(treedef, out), jnp.logical_not(finite)
+
+
+def nonfinite_leaves(tree: PyTree) -> PyTree:
+    """A bool scalar per leaf: True where that leaf holds an inf or NaN.
+
+    The result has the structure of `tree`; non-floating leaves report
+    False.  jit-compatible; turn it into names on the host with
+    `nonfinite_paths`.
+    """
+
+    def one(x: Any) -> jax.Array:
+        if not _is_float_leaf(x):
+            return jnp.array(False)
+        return jnp.logical_not(_leaf_finite(x))
+
+    return jax.tree_util.tree_map(one, tree)
+
+
+def nonfinite_paths(report: PyTree) -> list[str]:
+    """Host side: the ``jax.tree_util.keystr`` paths whose flag in `report` is True.
+
+    `report` is the output of `nonfinite_leaves` (fetched from the device;
+    this function calls ``bool()`` on each flag, so it cannot run under jit).
+    """
+    flat, _ = jax.tree_util.tree_flatten_with_path(report)
+    return [jax.tree_util.keystr(path) for path, flag in flat if bool(np.asarray(flag))]
+
+
+def _or_across(found: jax.Array, axis_name: Hashable | None) -> jax.Array:
+    if axis_name is None:
+        return found
+    return jax.lax.pmax(found.astype(jnp.int32), axis_name) > 0
+
+
+def value_and_grad(
+    fun: Callable[..., Any],
+    state: Any,
+    *,
+    has_aux: bool = False,
+    argnums: int | Sequence[int] = 0,
+    axis_name: Hashable | None = None,
+) -> Callable[..., tuple[Any, PyTree, jax.Array]]:
+    """Like `jax.value_and_grad`, through a scaled loss.
+
+    Args:
+      fun: returns a floating scalar loss, or ``(loss, aux)`` with ``has_aux``.
+      state: where the scale lives (see the module docstring).
+      has_aux, argnums: as in `jax.value_and_grad`.
+      axis_name: optional mapped axis; found_inf is OR-reduced across it so
+        every replica takes the same skip decision.  Gradients are not
+        averaged here (do ``lax.pmean`` yourself, or use `Trainer`).
+
+    Returns:
+      A function of `fun`'s arguments returning ``(value, grads, found_inf)``:
+      ``value`` is `fun`'s own (unscaled) loss or ``(loss, aux)``; ``grads``
+      are unscaled, in the dtypes of the differentiated arguments;
+      ``found_inf`` is a bool scalar.  The scale itself is not updated: feed
+      found_inf to ``update_scale`` or the kind's ``adjust``.
+    """
+    if not callable(fun):
+        raise TypeError(f"fun must be callable, got {type(fun).__name__}")
+
+    def scaled(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        out = fun(*args, **kwargs)
+        if has_aux:
+            if not (isinstance(out, tuple) and len(out) == 2):
+                raise TypeError("with has_aux=True, fun must return a pair (loss, aux)")
+            loss, aux = out
+        else:
+            loss, aux = out, None
+        if not _is_float_leaf(loss) or jnp.shape(loss) != ():
+            raise TypeError(
+                "fun must return a floating scalar loss, got "
+                f"{getattr(loss, 'dtype', type(loss).__name__)} of shape {jnp.shape(loss)}"
+            )
+        return scale_loss(loss, state), (loss, aux)
+
+    grad_fn = jax.grad(scaled, argnums=argnums, has_aux=True)
+
+    def wrapped(*args: Any, **kwargs: Any) -> tuple[Any, PyTree, jax.Array]:
+        grads, (loss, aux) = grad_fn(*args, **kwargs)
+        grads, found = unscale_and_check(grads, state)
+        found = _or_across(found, axis_name)
+        value = (loss, aux) if has_aux else loss
+        return value, grads, found
+
+    return wrapped

@@ -1,0 +1,139 @@
+"""`Trainer`: one jit-compatible mixed-precision step for functional code.
+
+Usage::
+
+    trainer = jas.Trainer(optax.adam(1e-3), jas.dynamic_scale(), policy=jas.get_policy("O2"))
+    state = trainer.init(params)
+    step = jax.jit(trainer.step, static_argnums=3)
+    for batch in data:
+        params, state, metrics = step(params, state, batch, loss_fn)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jax_amp_scale import _kinds, _scaling
+from jax_amp_scale._core import Backend
+from jax_amp_scale.policy import Policy
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Trainer:
+    """Scales the loss, differentiates, unscales, checks, updates, skips.
+
+    Attributes:
+      optimizer: an optax transformation (or ``optax.MultiSteps``); it sees
+        unscaled, finite gradients only.
+      scale: a scale kind (`dynamic_scale()`, `static_scale(x)`,
+        `no_op_scale()`) or a `ScaleState`; default ``dynamic_scale()``.
+      policy: optional `Policy`: the loss function then gets
+        ``policy.cast_to_compute(params)`` and ``policy.cast_to_compute(batch)``
+        and its loss is cast with ``cast_to_output``; parameters (and their
+        updates) stay in their own dtype.
+      has_aux: the loss function returns ``(loss, aux)``.
+      axis_name: optional mapped axis for data parallelism: gradients and the
+        loss are averaged over it (``lax.pmean``) and found_inf is OR-reduced,
+        so every replica takes the same step.
+      drop_overflow_update: None (the kind's choice), True or False.
+      backend: the core `update_scale` backend.
+
+    ``init(params)`` returns the optimizer state, a
+    `jax_amp_scale.optax.LossScaledState`.  ``step(params, state, batch,
+    loss_fn)`` returns ``(params, state, metrics)``; ``loss_fn(params, batch)``
+    returns a floating scalar loss (or ``(loss, aux)``).  ``metrics`` holds
+    ``loss`` (the unscaled loss, float32), ``scale`` (the scale this step's
+    loss was multiplied by), ``skipped`` (bool: the update was dropped),
+    ``found_inf`` (bool), ``skipped_steps`` and ``total_steps`` (int32 totals
+    after this step), and ``aux`` with ``has_aux``.  On a skipped step the
+    returned params are the input params, bit for bit.
+    """
+
+    optimizer: Any
+    scale: Any = None
+    policy: Policy | None = None
+    has_aux: bool = False
+    axis_name: Hashable | None = None
+    drop_overflow_update: bool | None = None
+    backend: Backend = "auto"
+    tx: Any = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from jax_amp_scale.optax import loss_scaled  # optax is an optional extra
+
+        if self.policy is not None and not isinstance(self.policy, Policy):
+            raise TypeError(f"policy must be a Policy or None, got {type(self.policy).__name__}")
+        _kinds._check_bool(self.has_aux, "has_aux")
+        tx = loss_scaled(
+            self.optimizer,
+            self.scale,
+            self.drop_overflow_update,
+            axis_name=self.axis_name,
+            backend=self.backend,
+        )
+        object.__setattr__(self, "tx", tx)
+
+    def init(self, params: PyTree) -> Any:
+        """The initial optimizer state for `params`."""
+        return self.tx.init(params)
+
+    def step(
+        self,
+        params: PyTree,
+        state: Any,
+        batch: Any,
+        loss_fn: Callable[..., Any],
+    ) -> tuple[PyTree, Any, dict[str, Any]]:
+        """One training step; see the class docstring."""
+        import optax
+
+        if not callable(loss_fn):
+            raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+        policy = self.policy
+        has_aux = self.has_aux
+
+        def scaled(p: PyTree) -> tuple[jax.Array, tuple[jax.Array, Any]]:
+            b = batch
+            if policy is not None:
+                p, b = policy.cast_to_compute(p), policy.cast_to_compute(batch)
+            out = loss_fn(p, b)
+            loss, aux = out if has_aux else (out, None)
+            if policy is not None:
+                loss = policy.cast_to_output(loss)
+            if not _scaling._is_float_leaf(loss) or jnp.shape(loss) != ():
+                raise TypeError(
+                    "loss_fn must return a floating scalar loss, got "
+                    f"{getattr(loss, 'dtype', type(loss).__name__)} of shape {jnp.shape(loss)}"
+                )
+            return _scaling.scale_loss(loss, state), (loss, aux)
+
+        grads, (loss, aux) = jax.grad(scaled, has_aux=True)(params)
+        if self.axis_name is not None:
+            grads = jax.lax.pmean(grads, self.axis_name)
+            loss = jax.lax.pmean(loss, self.axis_name)
+        scale_used = _scaling._scale_value(state)
+        updates, new_state = self.tx.update(grads, state, params)
+        skipped = new_state.skipped_steps > state.skipped_steps
+        new_params = optax.apply_updates(params, updates)
+        # Zero updates would still turn -0.0 into +0.0: keep the input bits.
+        new_params = jax.tree_util.tree_map(
+            lambda old, new: jnp.where(skipped, old, new), params, new_params
+        )
+        metrics = {
+            "loss": loss.astype(jnp.float32),
+            "scale": scale_used,
+            "skipped": skipped,
+            "found_inf": new_state.found_inf,
+            "skipped_steps": new_state.skipped_steps,
+            "total_steps": new_state.total_steps,
+        }
+        if has_aux:
+            metrics["aux"] = aux
+        return new_params, new_state, metrics

@@ -1,0 +1,164 @@
+"""`loss_scaled`: an optax wrapper that unscales, checks and skips overflow steps.
+
+Usage::
+
+    tx = jax_amp_scale.optax.loss_scaled(optax.adam(1e-3))
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def step(params, opt_state, batch):
+        def scaled_loss(p):
+            return jax_amp_scale.scale_loss(loss_fn(p, batch), opt_state)
+        grads = jax.grad(scaled_loss)(params)          # scaled gradients
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jax_amp_scale import _kinds, _scaling
+from jax_amp_scale._core import Backend, _check_backend
+from jax_amp_scale._state import ScaleState
+
+__all__ = ["LossScaledState", "get_loss_scaled_state", "loss_scaled"]
+
+
+class LossScaledState(NamedTuple):
+    """State of `loss_scaled`.
+
+    Attributes:
+      scale: the scale kind (`DynamicScale`, `StaticScale` or `NoOpScale`); it
+        holds the one core `ScaleState` of this state (``scale_state``).
+      inner_state: the wrapped transformation's state; never changed on a
+        skipped step.
+      found_inf: bool scalar, whether the last update saw inf/NaN.
+      skipped_steps: int32, updates dropped because of inf/NaN so far.
+      total_steps: int32, calls to ``update`` so far (skipped ones included).
+    """
+
+    scale: _kinds.DynamicScale | _kinds.StaticScale | _kinds.NoOpScale
+    inner_state: Any
+    found_inf: jax.Array
+    skipped_steps: jax.Array
+    total_steps: jax.Array
+
+    @property
+    def loss_scale(self) -> jax.Array:
+        """The current loss scale (what `jax_amp_scale.scale_loss` multiplies by)."""
+        return self.scale.loss_scale
+
+    @property
+    def scale_state(self) -> ScaleState:
+        """The core `ScaleState`."""
+        return self.scale.scale_state
+
+    @property
+    def is_identity(self) -> bool:
+        return self.scale.is_identity
+
+
+def get_loss_scaled_state(opt_state: Any) -> LossScaledState:
+    """The one `LossScaledState` inside `opt_state` (for example a chain's tuple)."""
+    found = [
+        x
+        for x in jax.tree_util.tree_leaves(
+            opt_state, is_leaf=lambda x: isinstance(x, LossScaledState)
+        )
+        if isinstance(x, LossScaledState)
+    ]
+    if len(found) != 1:
+        raise ValueError(f"expected exactly one LossScaledState in opt_state, found {len(found)}")
+    return found[0]
+
+
+def loss_scaled(
+    inner: optax.GradientTransformation,
+    scale: Any = None,
+    drop_overflow_update: bool | None = None,
+    *,
+    axis_name: Hashable | None = None,
+    backend: Backend = "auto",
+) -> optax.GradientTransformationExtraArgs:
+    """Wraps `inner` so that it receives unscaled, checked gradients.
+
+    Args:
+      inner: any optax transformation or chain, or an ``optax.MultiSteps``
+        (extra args are forwarded).
+      scale: a scale kind (`dynamic_scale()`, `static_scale(x)`,
+        `no_op_scale()`) or a `ScaleState`; default ``dynamic_scale()``
+        (torch GradScaler's defaults).
+      drop_overflow_update: on a step with inf/NaN, return zero updates and
+        keep ``inner_state`` (True) or apply the inner update anyway (False).
+        Default: the kind's own choice (True unless a static/no-op kind says
+        otherwise).
+      axis_name: optional mapped axis; found_inf is OR-reduced across it so
+        all replicas skip together and keep equal scales.
+      backend: the core `update_scale` backend (``"auto"``, ``"reference"``,
+        ``"ffi"``).
+
+    ``update(grads, state, params=None, **extra_args)`` expects the gradients
+    of the *scaled* loss (``scale_loss(loss, state)``); it unscales them,
+    checks them, advances the scale with `update_scale`, and returns the
+    inner updates, or zeros with ``inner_state`` untouched (its step count
+    too) when the step is dropped.
+    """
+    if isinstance(inner, optax.MultiSteps):
+        inner = inner.gradient_transformation()
+    if not isinstance(inner, optax.GradientTransformation):
+        raise TypeError(
+            "inner must be an optax GradientTransformation (or optax.MultiSteps), "
+            f"got {type(inner).__name__}"
+        )
+    kind = _kinds.as_loss_scale(scale)
+    if drop_overflow_update is None:
+        drop = kind.drop_overflow_update
+    else:
+        drop = _kinds._check_bool(drop_overflow_update, "drop_overflow_update")
+    backend = _check_backend(backend)  # type: ignore[assignment]
+    inner = optax.with_extra_args_support(inner)
+
+    def init_fn(params: Any) -> LossScaledState:
+        return LossScaledState(
+            scale=kind,
+            inner_state=inner.init(params),
+            found_inf=jnp.array(False),
+            skipped_steps=jnp.zeros((), jnp.int32),
+            total_steps=jnp.zeros((), jnp.int32),
+        )
+
+    def update_fn(
+        updates: Any, state: LossScaledState, params: Any = None, **extra_args: Any
+    ) -> tuple[Any, LossScaledState]:
+        if not isinstance(state, LossScaledState):
+            raise TypeError(f"state must be a LossScaledState, got {type(state).__name__}")
+        grads, found = state.scale.unscale_and_check(updates)
+        found = _scaling._or_across(found, axis_name)
+        new_scale = state.scale.adjust(found, backend=backend)
+        new_updates, new_inner = inner.update(grads, state.inner_state, params, **extra_args)
+        skipped = state.skipped_steps
+        if drop:
+            new_updates = jax.tree_util.tree_map(
+                lambda u: jnp.where(found, jnp.zeros_like(u), u), new_updates
+            )
+            new_inner = jax.tree_util.tree_map(
+                lambda old, new: jnp.where(found, old, new).astype(jnp.result_type(new)),
+                state.inner_state,
+                new_inner,
+            )
+            skipped = skipped + found.astype(jnp.int32)
+        return new_updates, LossScaledState(
+            scale=new_scale,
+            inner_state=new_inner,
+            found_inf=found,
+            skipped_steps=skipped,
+            total_steps=state.total_steps + 1,
+        )
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -1,0 +1,83 @@
+"""Injected NaN/inf gradients: params and inner state untouched, counters exact, scale by the rule."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jax_amp_scale as jas
+from jax_amp_scale import demo
+
+INJECT = {2, 5, 6, 11}
+STEPS = 14
+
+
+def bits(tree):
+    return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        jas.dynamic_scale(2.0**12, growth_interval=3),
+        jas.dynamic_scale(2.0**12, growth_interval=2, hysteresis=2, min_scale=2.0**10),
+        jas.static_scale(512.0),
+        jas.no_op_scale(),
+    ],
+    ids=["dynamic", "dynamic-hyst-min", "static", "noop"],
+)
+def test_injected_overflows_never_touch_params_or_inner_state(kind):
+    x, y = demo.make_data(0, 512)
+    params = demo.init_params(jax.random.PRNGKey(0))
+    trainer = jas.Trainer(optax.adam(1e-3), kind, policy=jas.get_policy("O2"))
+    state = trainer.init(params)
+    step = jax.jit(trainer.step, static_argnums=3)
+    expected = kind
+    rng = np.random.default_rng(0)
+    for t in range(STEPS):
+        idx = rng.integers(0, len(x), 64)
+        batch = {"x": x[idx], "y": y[idx], "poison": np.bool_(t in INJECT)}
+        before_p, before_inner = bits(params), bits(state.inner_state)
+        params, state, m = step(params, state, batch, demo.loss_fn)
+        assert bool(m["skipped"]) == (t in INJECT), t
+        if t in INJECT:
+            assert bits(params) == before_p
+            assert bits(state.inner_state) == before_inner  # moments and count
+        else:
+            assert bits(params) != before_p
+        assert float(m["scale"]) == float(expected.loss_scale)
+        expected = expected.adjust(t in INJECT)
+        assert float(state.loss_scale) == float(expected.loss_scale)
+    assert int(state.skipped_steps) == len(INJECT)
+    assert int(state.total_steps) == STEPS
+    assert int(state.inner_state[0].count) == STEPS - len(INJECT)
+
+
+_core_step = jax.jit(lambda s, f: jas.update_scale(s, f, "reference"))
+
+
+def test_scale_trajectory_is_the_core_rule():
+    # Without options the dynamic kind is the core rule: replay it with the
+    # pure reference on the same found_inf sequence.
+    kind = jas.dynamic_scale(2.0**12, growth_interval=3)
+    tx = jas.Trainer(optax.sgd(1e-3), kind)
+    params = {"w": jnp.ones(4)}
+    state = tx.init(params)
+    core = kind.scale_state
+    step = jax.jit(tx.step, static_argnums=3)
+
+    def lf(p, b):
+        return jnp.sum(p["w"] * b)
+
+    for t in range(STEPS):
+        b = jnp.full(4, jnp.nan if t in INJECT else 1.0)
+        params, state, _ = step(params, state, b, lf)
+        core = _core_step(core, t in INJECT)
+        assert float(state.loss_scale) == float(core.scale)
+        assert int(state.scale_state.growth_tracker) == int(core.growth_tracker)
+
+
+def test_nonfinite_leaves_names_the_poisoned_leaf():
+    grads = {"a": jnp.ones(3), "b": {"c": jnp.array([1.0, jnp.nan], jnp.float16)}}
+    assert jas.nonfinite_paths(jax.jit(jas.nonfinite_leaves)(grads)) == ["['b']['c']"]

@@ -1,0 +1,42 @@
+"""Builds and runs tests/native/rule_test.cc under ASan+UBSan (leak checks on).
+
+It checks ffi/update_scale.h on its own: MulByFactor against the hardware's
+float(double(x) * g) (torch's rounding) over millions of inputs, and the rule
+with in-place aliasing.  Skipped only when no C++ compiler is present.
+"""
+
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CXX = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
+
+
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler on PATH")
+def test_rule_header_under_sanitizers(tmp_path):
+    exe = tmp_path / "rule_test"
+    cmd = [
+        CXX,
+        "-std=c++17",
+        "-O1",
+        "-g",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=undefined",
+        f"-I{ROOT / 'ffi'}",
+        str(ROOT / "tests" / "native" / "rule_test.cc"),
+        "-o",
+        str(exe),
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env["ASAN_OPTIONS"] = "detect_leaks=1"
+    res = subprocess.run([str(exe)], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip().endswith("ok")

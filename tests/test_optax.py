@@ -1,0 +1,204 @@
+"""jax_amp_scale.optax.loss_scaled with optax transformations, chains and wrappers."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jax_amp_scale as jas
+from jax_amp_scale.optax import LossScaledState, get_loss_scaled_state, loss_scaled
+
+OVERFLOW = {2, 3, 7}
+STEPS = 10
+
+
+def params0():
+    return {"w": jnp.array([[0.5, -1.0], [2.0, 0.25]]), "b": jnp.array([0.1, -0.2])}
+
+
+def grads_at(t):
+    # deterministic, step-dependent gradients
+    return {
+        "w": jnp.array([[1.0, -2.0], [0.5, 3.0]]) * (1 + t) / 4,
+        "b": jnp.array([0.25, -0.75]) * (t % 3 - 1),
+    }
+
+
+def tree_equal(a, b):
+    la, ta = jax.tree_util.tree_flatten(a)
+    lb, tb = jax.tree_util.tree_flatten(b)
+    assert ta == tb
+    for x, y in zip(la, lb, strict=True):
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(x, y)
+
+
+def run(inner, *, overflow=OVERFLOW, scale=None, extra=None):
+    """Runs loss_scaled(inner) and the inner optimizer alone on the finite steps."""
+    extra = extra or {}
+    tx = loss_scaled(inner, scale=scale)
+    p, ref_p = params0(), params0()
+    st, ref_st = tx.init(p), inner.init(ref_p)
+    upd = jax.jit(tx.update)
+    ref_upd = jax.jit(inner.update)
+    for t in range(STEPS):
+        g = grads_at(t)
+        s = st.loss_scale
+        sg = jax.tree_util.tree_map(lambda x, s=s: x * s, g)
+        if t in overflow:
+            sg["w"] = sg["w"].at[0, 0].set(jnp.inf if t % 2 else jnp.nan)
+        before = st
+        u, st = upd(sg, st, p, **extra)
+        p = optax.apply_updates(p, u)
+        if t in overflow:
+            tree_equal(st.inner_state, before.inner_state)  # untouched, counts too
+            assert all(float(jnp.max(jnp.abs(x))) == 0.0 for x in jax.tree_util.tree_leaves(u))
+            assert bool(st.found_inf)
+        else:
+            ru, ref_st = ref_upd(g, ref_st, ref_p, **extra)
+            ref_p = optax.apply_updates(ref_p, ru)
+            assert not bool(st.found_inf)
+        for a, b in zip(
+            jax.tree_util.tree_leaves(p), jax.tree_util.tree_leaves(ref_p), strict=True
+        ):
+            np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7)
+    assert int(st.skipped_steps) == len(overflow)
+    assert int(st.total_steps) == STEPS
+    return st, ref_st
+
+
+INNERS = {
+    "sgd": lambda: optax.sgd(0.1, momentum=0.9),
+    "adam": lambda: optax.adam(1e-2),
+    "adamw": lambda: optax.adamw(1e-2, weight_decay=1e-2),
+    "lion": lambda: optax.lion(1e-3),
+    "clip+adam": lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-2)),
+    "chain": lambda: optax.chain(
+        optax.scale_by_adam(), optax.add_decayed_weights(1e-3), optax.scale(-1e-2)
+    ),
+    "multisteps": lambda: optax.MultiSteps(optax.adam(1e-2), every_k_schedule=3),
+    "inject_hyperparams": lambda: optax.inject_hyperparams(optax.adam)(
+        learning_rate=optax.linear_schedule(1e-2, 1e-3, 8)
+    ),
+    "schedule": lambda: optax.adam(optax.exponential_decay(1e-2, 2, 0.5)),
+    "contrib.schedule_free": lambda: optax.contrib.schedule_free_adamw(1e-2),
+    "contrib.prodigy": lambda: optax.contrib.prodigy(1.0),
+    "masked": lambda: optax.masked(optax.adam(1e-2), {"w": True, "b": False}),
+}
+
+
+@pytest.mark.parametrize("name", list(INNERS))
+def test_matches_inner_on_finite_steps_and_skips_overflow(name):
+    st, ref_st = run(INNERS[name]())
+    # the inner state advanced exactly as often as the reference (finite steps)
+    for a, b in zip(
+        jax.tree_util.tree_leaves(st.inner_state), jax.tree_util.tree_leaves(ref_st), strict=True
+    ):
+        np.testing.assert_allclose(
+            np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=2e-6, atol=1e-7
+        )
+
+
+def test_scale_follows_core_rule():
+    kind = jas.dynamic_scale(2.0**8, 2.0, 0.5, 2)
+    st, _ = run(optax.adam(1e-2), scale=kind)
+    core = kind.scale_state
+    core_step = jax.jit(jas.update_scale)
+    for t in range(STEPS):
+        core = core_step(core, t in OVERFLOW)
+    assert float(st.loss_scale) == float(core.scale)
+    assert int(st.scale_state.growth_tracker) == int(core.growth_tracker)
+
+
+@pytest.mark.parametrize(
+    "scale", [jas.static_scale(64.0), jas.no_op_scale(), jas.init_scale_state(512.0)]
+)
+def test_other_kinds(scale):
+    st, _ = run(optax.adam(1e-2), scale=scale)
+    assert type(st.scale) is type(jas.as_loss_scale(scale))
+
+
+def test_state_holds_exactly_one_scale_state():
+    tx = optax.chain(optax.clip(1.0), loss_scaled(optax.adam(1e-3)))
+    state = tx.init(params0())
+    leaves = jax.tree_util.tree_leaves(state, is_leaf=lambda x: isinstance(x, jas.ScaleState))
+    assert sum(isinstance(x, jas.ScaleState) for x in leaves) == 1
+    ls = get_loss_scaled_state(state)
+    assert isinstance(ls, LossScaledState)
+    assert jas.find_scale_state(state) is ls.scale_state
+    assert float(jas.scale_loss(jnp.float32(1.0), state)) == 2.0**16
+    assert float(jas.scale_loss(jnp.float32(1.0), ls)) == 2.0**16
+    assert ls.found_inf.dtype == jnp.bool_
+    assert ls.skipped_steps.dtype == jnp.int32 and ls.total_steps.dtype == jnp.int32
+    with pytest.raises(ValueError, match="exactly one"):
+        get_loss_scaled_state((ls, ls))
+
+
+def test_drop_overflow_update_false_applies_update():
+    tx = loss_scaled(optax.sgd(1.0), drop_overflow_update=False)
+    p = {"w": jnp.ones(2)}
+    st = tx.init(p)
+    u, st2 = tx.update({"w": jnp.array([jnp.inf, 65536.0])}, st, p)
+    assert bool(jnp.isinf(u["w"][0])) and float(u["w"][1]) == -1.0
+    assert bool(st2.found_inf) and int(st2.skipped_steps) == 0 and int(st2.total_steps) == 1
+    assert float(st2.loss_scale) == 2.0**15  # the scale still backs off
+
+
+def test_static_kind_drop_flag_is_the_default():
+    tx = loss_scaled(optax.sgd(1.0), jas.static_scale(4.0, drop_overflow_update=False))
+    p = {"w": jnp.ones(1)}
+    u, st = tx.update({"w": jnp.array([jnp.nan])}, tx.init(p), p)
+    assert bool(jnp.isnan(u["w"][0])) and int(st.skipped_steps) == 0
+    tx = loss_scaled(optax.sgd(1.0), jas.static_scale(4.0, drop_overflow_update=False), True)
+    u, st = tx.update({"w": jnp.array([jnp.nan])}, tx.init(p), p)
+    assert float(u["w"][0]) == 0.0 and int(st.skipped_steps) == 1
+
+
+def test_extra_args_forwarded():
+    inner = optax.chain(optax.sgd(1.0), optax.contrib.reduce_on_plateau(patience=0, factor=0.5))
+    tx = loss_scaled(inner, jas.static_scale(2.0))
+    p = {"w": jnp.ones(1)}
+    st = tx.init(p)
+    for _ in range(3):
+        u, st = tx.update({"w": jnp.array([2.0])}, st, p, value=jnp.float32(1.0))
+    # the plateau transform saw the value: with patience 0 it has cut the lr
+    assert float(u["w"][0]) < -0.0 and float(u["w"][0]) > -1.0
+
+
+def test_axis_name_replicas_agree():
+    tx = loss_scaled(optax.sgd(1.0), jas.dynamic_scale(8.0), axis_name="r")
+    p = {"w": jnp.ones(1)}
+    st = tx.init(p)
+    g = {"w": jnp.array([[8.0], [jnp.inf], [16.0]])}
+    u, st2 = jax.vmap(lambda g: tx.update(g, st, p), axis_name="r")(g)
+    np.testing.assert_array_equal(st2.found_inf, [True, True, True])
+    np.testing.assert_array_equal(st2.loss_scale, [4.0, 4.0, 4.0])
+    np.testing.assert_array_equal(u["w"], np.zeros((3, 1)))
+
+
+def test_backends_agree():
+    outs = []
+    for backend in ("reference", "ffi"):
+        tx = loss_scaled(optax.sgd(1.0), jas.dynamic_scale(8.0, growth_interval=1), backend=backend)
+        p = {"w": jnp.ones(1)}
+        st = tx.init(p)
+        for g in (1.0, jnp.inf, 2.0):
+            _, st = jax.jit(tx.update)({"w": jnp.array([g])}, st, p)
+        outs.append(float(st.loss_scale))
+    assert outs[0] == outs[1] == 16.0
+
+
+def test_bad_input():
+    with pytest.raises(TypeError, match="inner"):
+        loss_scaled(lambda g: g)
+    with pytest.raises(TypeError, match="scale"):
+        loss_scaled(optax.sgd(1.0), 1024.0)
+    with pytest.raises(TypeError, match="drop_overflow_update"):
+        loss_scaled(optax.sgd(1.0), None, "yes")
+    with pytest.raises(ValueError, match="backend"):
+        loss_scaled(optax.sgd(1.0), backend="cuda")
+    tx = loss_scaled(optax.sgd(1.0))
+    with pytest.raises(TypeError, match="LossScaledState"):
+        tx.update({"w": jnp.ones(1)}, optax.EmptyState())

@@ -1,0 +1,122 @@
+"""Policy, get_policy (levels and jmp strings), loss_scale_for."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_amp_scale as jas
+from jax_amp_scale.policy import Policy
+
+F32, F16, BF16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)
+
+
+def params():
+    return {
+        "Dense_0": {"kernel": jnp.ones((4, 3)), "bias": jnp.zeros(3)},
+        "LayerNorm_0": {"scale": jnp.ones(3), "bias": jnp.zeros(3)},
+        "bn1": {"scale": jnp.ones(3)},
+        "encoder": {"ln_f": {"scale": jnp.ones(3)}, "lnx": jnp.ones((2, 2))},
+        "steps": jnp.int32(3),
+        "mask": jnp.array([True, False]),
+        "none": None,
+    }
+
+
+def dtypes(tree):
+    return jax.tree_util.tree_map(lambda x: jnp.dtype(x.dtype), tree)
+
+
+def test_o2_keeps_norm_layers_float32():
+    pol = jas.get_policy("O2")
+    assert (pol.param_dtype, pol.compute_dtype, pol.output_dtype) == (F32, F16, F32)
+    c = dtypes(pol.cast_to_compute(params()))
+    assert c["Dense_0"] == {"kernel": F16, "bias": F16}
+    assert c["LayerNorm_0"] == {"scale": F32, "bias": F32}
+    assert c["bn1"]["scale"] == F32 and c["encoder"]["ln_f"]["scale"] == F32
+    assert c["encoder"]["lnx"] == F16  # not a norm name
+    assert c["steps"] == jnp.int32 and c["mask"] == jnp.bool_
+    assert pol.cast_to_compute(params())["none"] is None
+    # master weights stay float32
+    assert all(
+        d in (F32, jnp.int32, jnp.bool_)
+        for d in jax.tree_util.tree_leaves(dtypes(pol.cast_to_param(params())))
+    )
+    assert pol.cast_to_output(jnp.ones(2, F16)).dtype == F32
+
+
+def test_o1_casts_matrices_only():
+    c = dtypes(jas.get_policy("O1").cast_to_compute(params()))
+    assert c["Dense_0"] == {"kernel": F16, "bias": F32}
+    assert c["encoder"]["lnx"] == F16
+
+
+def test_o0_and_o3():
+    p = params()
+    assert jas.get_policy("o0").cast_to_compute(p)["Dense_0"]["kernel"] is p["Dense_0"]["kernel"]
+    o3 = jas.get_policy("O3")
+    leaves = jax.tree_util.tree_leaves(dtypes(o3.cast_to_param(p)))
+    assert F16 in leaves and F32 not in leaves
+    assert o3.cast_to_output(jnp.ones(2)).dtype == F16
+
+
+def test_levels_pair_with_scales():
+    assert isinstance(jas.loss_scale_for("O2"), jas.DynamicScale)
+    assert isinstance(jas.loss_scale_for("O1"), jas.DynamicScale)
+    assert isinstance(jas.loss_scale_for("O0"), jas.NoOpScale)
+    assert isinstance(jas.loss_scale_for("O3"), jas.NoOpScale)
+    with pytest.raises(ValueError, match="level"):
+        jas.loss_scale_for("O4")
+
+
+@pytest.mark.parametrize(
+    "text, expect",
+    [
+        ("params=float32,compute=float16,output=float32", (F32, F16, F32)),
+        ("p=f32,c=bf16,o=f32", (F32, BF16, F32)),
+        ("c=half", (F32, F16, F16)),
+        ("p=f16", (F16, F16, F16)),
+        (" params = full , compute = bfloat16 ", (F32, BF16, BF16)),
+        ("bfloat16", (BF16, BF16, BF16)),
+        ("float32", (F32, F32, F32)),
+    ],
+)
+def test_jmp_strings(text, expect):
+    pol = jas.get_policy(text)
+    assert (pol.param_dtype, pol.compute_dtype, pol.output_dtype) == expect
+    assert jas.get_policy(str(pol)) == pol  # round trip through the string form
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("p=f32,x=f16", "unknown policy key"),
+        ("p=f32,p=f16", "twice"),
+        ("p=int8", "unknown dtype"),
+        ("p=f32,c", "key=dtype"),
+        ("O9", "unknown dtype"),
+    ],
+)
+def test_bad_strings(text, match):
+    with pytest.raises(ValueError, match=match):
+        jas.get_policy(text)
+
+
+def test_bad_policy_fields():
+    with pytest.raises(TypeError, match="param_dtype"):
+        Policy(jnp.int32)
+    with pytest.raises(ValueError, match="regular expression"):
+        Policy(keep_float32=("(",))
+    with pytest.raises(TypeError, match="keep_float32"):
+        Policy(keep_float32=(3,))
+    with pytest.raises(TypeError, match="name"):
+        jas.get_policy(3)
+
+
+def test_custom_rules_and_jit():
+    pol = Policy(F32, BF16, F32, keep_float32=(r"\['bias'\]", lambda path, x: x.shape == (2, 2)))
+    out = jax.jit(pol.cast_to_compute)(params())
+    assert out["Dense_0"]["bias"].dtype == F32 and out["Dense_0"]["kernel"].dtype == BF16
+    assert out["encoder"]["lnx"].dtype == F32
+    np.testing.assert_array_equal(out["Dense_0"]["kernel"], np.ones((4, 3)))
+    hash(pol)  # usable as a static argument
