@@ -1,8 +1,10 @@
 """Workload 3: time to compile the training step as parameter trees grow.
 
-Parameter trees of 10, 1,000 and 10,000 leaves (float32 vectors of 16
+Parameter trees of 10, 100, 1,000 and 10,000 leaves (float32 vectors of 16
 values, computed in float16), the same step per candidate as workload 1
-(`_steps.py`).  Each sample traces, lowers and compiles a fresh function
+(`_steps.py`; of ours only ``backend="auto"``: the backend changes one
+scalar op).  A candidate whose compile, projected from its growth so far,
+would pass ``--budget-s`` is not run at that size and the table says so.  Each sample traces, lowers and compiles a fresh function
 object (nothing cached between samples), split into trace+lower and the XLA
 compile.  Growth is linear when the time per leaf stays flat from 1,000 to
 10,000 leaves; the ratio to the plain step's compile time is paired per
@@ -14,6 +16,7 @@ repetition as everywhere in bench/.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import sys
@@ -84,6 +87,24 @@ def run_case(n: int, builders: dict[str, _steps.Builder], reps: int, warmup: int
     return rows
 
 
+def projected(history: dict[int, float], n: int) -> float | None:
+    """Seconds one compile at `n` leaves would take, from the sizes already run.
+
+    The growth exponent between the two largest sizes run so far (at least
+    1: compile time never grows slower than the tree) carries the last time
+    forward.
+    """
+    sizes = sorted(history)
+    if not sizes:
+        return None
+    last = sizes[-1]
+    k = 1.0
+    if len(sizes) >= 2:
+        prev = sizes[-2]
+        k = max(1.0, math.log(history[last] / history[prev]) / math.log(last / prev))
+    return history[last] * (n / last) ** k
+
+
 def main(argv: list[str] | None = None) -> list[_harness.Table]:
     p = _harness.parser(__doc__.splitlines()[0], reps=3, warmup=1)
     p.add_argument(
@@ -91,29 +112,50 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         type=int,
         nargs="+",
         default=None,
-        help="leaf counts (default 10 1000 10000; --tiny: 2 4)",
+        help="leaf counts (default 10 100 1000 10000; --tiny: 2 4)",
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=100.0,
+        help="skip a candidate at a size where one compile is projected to take longer "
+        "(from its growth so far; default 100 s)",
     )
     p.add_argument(
         "--reps-large",
         type=int,
-        default=2,
-        help="repetitions at 10,000 leaves and above, where one compile takes seconds",
+        default=1,
+        help="repetitions at 100 leaves and above, where one compile takes seconds",
     )
     args = p.parse_args(argv)
-    leaf_counts = args.leaves or ((2, 4) if args.tiny else (10, 1000, 10_000))
+    leaf_counts = args.leaves or ((2, 4) if args.tiny else (10, 100, 1000, 10_000))
     why = _steps.ours_available()
-    builders = _steps.candidates(_steps.backends() if why is None else ())
+    # One of ours: the backend changes one scalar op, not how the step compiles.
+    builders = _steps.candidates(("auto",) if why is None else ())
 
     tables = []
     per_leaf: dict[str, dict[int, float]] = {k: {} for k in builders}
     for n in leaf_counts:
         if args.tiny:
             reps, warmup = 1, 0
-        elif n >= 10_000:
+        elif n >= 100:
             reps, warmup = args.reps_large, 0
         else:
             reps, warmup = args.reps, args.warmup
-        rows = run_case(n, builders, reps, warmup)
+        run_now, skipped = {}, []
+        for name, b in builders.items():
+            proj = projected({k: v * k for k, v in per_leaf[name].items()}, n)
+            if proj is not None and proj > args.budget_s:
+                skipped.append(f"{name} (projected {proj:.0f} s)")
+            else:
+                run_now[name] = b
+        if "plain" not in run_now:
+            tables[-1].notes.append(
+                f"{n} leaves not run: even the plain step's compile is projected past "
+                f"--budget-s {args.budget_s:g} s: " + "; ".join(skipped)
+            )
+            break
+        rows = run_case(n, run_now, reps, warmup)
         for r in rows:
             per_leaf[r.name][n] = r.median / n
         split_col = {
@@ -123,6 +165,11 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
             for r in rows
         }
         notes = [] if why is None else [f"ours not measured: {why}"]
+        if skipped:
+            notes.append(
+                f"not run at {n} leaves, one compile projected past --budget-s "
+                f"{args.budget_s:g} s from the growth measured so far: " + "; ".join(skipped)
+            )
         if warmup == 0:
             notes.append("no warm-up at this size: every sample is a cold trace+compile anyway")
         tables.append(
@@ -139,13 +186,19 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
             )
         )
     if len(leaf_counts) >= 2:
-        lo, hi = leaf_counts[-2], leaf_counts[-1]
         growth = {}
         for name, d in per_leaf.items():
-            # exponent k in t ~ n**k between the two largest trees; 1 = linear
-            k = math.log((d[hi] * hi) / (d[lo] * lo)) / math.log(hi / lo)
-            growth[name] = f"{k:.2f}"
-        tables[-1].columns[f"growth exponent {lo}->{hi} leaves (1 = linear)"] = growth
+            # exponent k in t ~ n**k between consecutive sizes; 1 = linear
+            ks = []
+            for a, b in itertools.pairwise(leaf_counts):
+                if a in d and b in d:
+                    k = math.log((d[b] * b) / (d[a] * a)) / math.log(b / a)
+                    ks.append(f"{a}->{b}: {k:.2f}")
+            growth[name] = ", ".join(ks)
+        for t in tables:
+            t.columns["growth exponent (1 = linear)"] = {
+                r.name: growth.get(r.name, "") for r in t.rows
+            }
     _harness.finish(args, tables)
     return tables
 

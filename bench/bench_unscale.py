@@ -17,6 +17,7 @@ measured beside torch's own copy, as a reference point.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -103,12 +104,36 @@ def jax_candidates(ours_ok: bool):
     return out
 
 
-def run_case(total_bytes: int, n_leaves: int, reps: int, warmup: int, ours_ok: bool):
+def run_case(
+    total_bytes: int,
+    n_leaves: int,
+    reps: int,
+    warmup: int,
+    ours_ok: bool,
+    first_call: dict[str, dict[int, float]],
+    budget_s: float,
+):
+    """Times every candidate on `n_leaves` leaves; returns (rows, skipped notes).
+
+    `first_call` (name -> leaves -> seconds of the first, compiling call) is
+    filled in; a candidate whose first call, projected linearly from the
+    largest size run so far, would pass `budget_s` is skipped (the copy
+    baseline always runs).
+    """
     grads = make_grads(total_bytes, n_leaves)
-    cands = {}
+    cands, skipped = {}, []
     for name, (fn, scale) in jax_candidates(ours_ok).items():
+        seen = first_call.setdefault(name, {})
+        if seen and name != "plain copy":
+            last = max(seen)
+            proj = seen[last] * n_leaves / last
+            if proj > budget_s:
+                skipped.append(f"{name} (first call projected {proj:.0f} s)")
+                continue
         f = jax.jit(fn)
-        out, found = f(grads, scale)
+        t0 = time.perf_counter()
+        out, found = jax.block_until_ready(f(grads, scale))
+        seen[n_leaves] = time.perf_counter() - t0
         if name == "plain copy" and any(
             o.unsafe_buffer_pointer() == g.unsafe_buffer_pointer()
             for o, g in zip(jax.tree.leaves(out), grads, strict=True)
@@ -119,7 +144,9 @@ def run_case(total_bytes: int, n_leaves: int, reps: int, warmup: int, ours_ok: b
         del out
         cands[name] = lambda f=f, scale=scale: jax.block_until_ready(f(grads, scale))
     rows = _harness.measure(cands, baseline="plain copy", reps=reps, warmup=warmup)
-    return rows
+    for r in rows:
+        r.extra["first_call_s"] = first_call[r.name][n_leaves]
+    return rows, skipped
 
 
 def run_torch_case(total_bytes: int, n_leaves: int, reps: int, warmup: int):
@@ -170,6 +197,13 @@ def _throughput(rows, total_bytes):
 def main(argv: list[str] | None = None) -> list[_harness.Table]:
     p = _harness.parser(__doc__.splitlines()[0], reps=10)
     p.add_argument("--no-torch", action="store_true", help="skip the torch reference rows")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=90.0,
+        help="skip a candidate whose first (compiling) call is projected past this "
+        "many seconds at a larger leaf count (default 90)",
+    )
     args = p.parse_args(argv)
     if args.tiny:
         total, leaf_counts, reps, warmup = 1 << 16, (1, 10, 100), 1, 1
@@ -186,9 +220,20 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         torch_ok = False
 
     tables = []
+    first_call: dict[str, dict[int, float]] = {}
     for n in leaf_counts:
         notes = [] if why is None else [f"ours not measured: {why}"]
-        rows = run_case(total, n, reps, warmup, why is None)
+        rows, skipped = run_case(total, n, reps, warmup, why is None, first_call, args.budget_s)
+        if skipped:
+            notes.append(
+                f"not run at {n} leaves (--budget-s {args.budget_s:g}): "
+                + "; ".join(skipped)
+                + ". XLA:CPU compiles one kernel per leaf reduction."
+            )
+        columns = _throughput(rows, total)
+        columns["first call, compile included (s)"] = {
+            r.name: f"{r.extra['first_call_s']:.2f}" for r in rows
+        }
         tables.append(
             _harness.Table(
                 workload="2. One pass over the gradients",
@@ -199,7 +244,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
                 reps=reps,
                 warmup=warmup,
                 notes=notes,
-                columns=_throughput(rows, total),
+                columns=columns,
             )
         )
         if torch_ok:

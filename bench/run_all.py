@@ -98,10 +98,14 @@ def targets(tables: list[_harness.Table]) -> list[str]:
                 f"- Compile time within 1.3x of plain, {t.title.split(', ')[1]}: "
                 f"**{'met' if ok else 'missed'}** (worst of ours {worst.ratio:.2f}x)."
             )
-            for key, col in t.columns.items():
-                if key.startswith("growth exponent"):
-                    g = ", ".join(f"{k} {v}" for k, v in col.items())
-                    lines.append(f"- {key}: {g}.")
+            if t is [u for u in tables if u.workload == t.workload][-1]:
+                for key, col in t.columns.items():
+                    if key.startswith("growth exponent"):
+                        g = "; ".join(f"{k} ({v})" for k, v in col.items() if v)
+                        lines.append(f"- Compile-time {key}: {g}.")
+            for note in t.notes:
+                if note.startswith("not run"):
+                    lines.append(f"- Compile time, {t.title.split(', ')[1]}: {note}.")
     return lines
 
 
@@ -133,7 +137,13 @@ def plot(tables: list[_harness.Table], path: Path) -> None:
         if w == "3. Compile time":
             counts = [int(t.title.split(", ")[1].split()[0]) for t in ts]
             for name in [r.name for r in ts[0].rows]:
-                ax.plot(counts, [t.row(name).median for t in ts], marker="o", label=name)
+                pts = [
+                    (c, r.median)
+                    for c, t in zip(counts, ts, strict=True)
+                    for r in t.rows
+                    if r.name == name
+                ]
+                ax.plot(*zip(*pts, strict=True), marker="o", label=name)
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel("parameter leaves")
