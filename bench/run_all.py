@@ -8,6 +8,9 @@ hand-written analysis around it is kept when the suite is run again.
     python bench/run_all.py                  # full size (about 15 min on 2 cores)
     python bench/run_all.py --tiny --out /tmp/bench-smoke   # smoke
     python bench/run_all.py --only step unscale             # some workloads
+
+With --only, the other workloads' tables are taken from the last
+results.json in --out, and RESULTS.md says when and how each was run.
 """
 
 from __future__ import annotations
@@ -109,6 +112,32 @@ def targets(tables: list[_harness.Table]) -> list[str]:
     return lines
 
 
+def load_runs(path: Path) -> dict[str, dict]:
+    """The per-workload results of an earlier run_all (results.json)."""
+    with open(path) as f:
+        data = json.load(f)
+    if "runs" in data:
+        return data["runs"]
+    # first format: one command, a flat table list; workload N is table "N. ..."
+    numbered = {str(i + 1): w for i, w in enumerate(WORKLOADS)}
+    runs: dict[str, dict] = {}
+    for t in data["tables"]:
+        w = numbered[t["workload"].split(".")[0]]
+        cmd = next((c for c in data["commands"] if WORKLOADS[w] in c), "?")
+        run = runs.setdefault(
+            w,
+            {
+                "command": cmd,
+                "via": data["command"],
+                "wall_s": math.nan,
+                "machine": data["machine"],
+                "tables": [],
+            },
+        )
+        run["tables"].append(t)
+    return runs
+
+
 def write_markdown(path: Path, header: str, body: str) -> None:
     generated = f"{BEGIN}\n{header}\n{body}{END}\n"
     if path.exists():
@@ -189,6 +218,11 @@ def main(argv: list[str] | None = None) -> None:
         metavar="WORKLOAD=ARGS",
         help="extra arguments for one workload, e.g. --args 'step=--reps 20'",
     )
+    ap.add_argument(
+        "--render",
+        action="store_true",
+        help="run nothing: rewrite RESULTS.md and the plot from --out's results.json",
+    )
     args = ap.parse_args(argv)
     extra = {w: (["--tiny"] if args.tiny else []) for w in WORKLOADS}
     for spec in args.args:
@@ -200,29 +234,43 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     t0 = time.perf_counter()
-    tables: list[_harness.Table] = []
-    commands, machine, walls = [], None, {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for w in args.only:
-            res = run_workload(WORKLOADS[w], extra[w], Path(tmp) / f"{w}.json")
-            machine = machine or res["machine"]
-            commands.append(shlex.join(["python", f"bench/{WORKLOADS[w]}", *extra[w]]))
-            walls[w] = res["wall_s"]
-            tables += [_harness.Table.from_json(t) for t in res["tables"]]
-    total = time.perf_counter() - t0
-
+    # workload -> {"command", "wall_s", "machine", "tables"}; with --only, the
+    # other workloads' last results (results.json) are kept.
+    runs: dict[str, dict] = {}
     me = ["python", "bench/run_all.py", *(argv if argv is not None else sys.argv[1:])]
+    if args.render or (set(args.only) != set(WORKLOADS) and (out / "results.json").exists()):
+        runs = load_runs(out / "results.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        for w in [] if args.render else args.only:
+            res = run_workload(WORKLOADS[w], extra[w], Path(tmp) / f"{w}.json")
+            runs[w] = {
+                "command": shlex.join(["python", f"bench/{WORKLOADS[w]}", *extra[w]]),
+                "via": shlex.join(me),
+                "wall_s": res["wall_s"],
+                "machine": res["machine"],
+                "tables": res["tables"],
+            }
+    total = time.perf_counter() - t0
+    order = [w for w in WORKLOADS if w in runs]
+    tables = [_harness.Table.from_json(t) for w in order for t in runs[w]["tables"]]
+    machine = max((runs[w]["machine"] for w in order), key=lambda m: m.get("date (UTC)", ""))
+
     header = "\n".join(
         [
             "## Run",
             "",
-            f"Command: `{shlex.join(me)}` ({total / 60:.1f} min), which ran, each in its own process:",
+            "Each workload ran in its own process:",
             "",
-            *[f"- `{c}` ({walls[w]:.0f} s)" for c, w in zip(commands, args.only, strict=True)],
+            *[
+                f"- `{runs[w]['command']}` ("
+                + (f"{runs[w]['wall_s']:.0f} s, " if math.isfinite(runs[w]["wall_s"]) else "")
+                + f"{runs[w]['machine'].get('date (UTC)', '?')} UTC, via `{runs[w]['via']}`)"
+                for w in order
+            ],
             "",
-            "Machine and versions:",
+            "Machine and versions (of the latest of these runs):",
             "",
-            _harness.machine_markdown(machine or _harness.machine_info()),
+            _harness.machine_markdown(machine),
             "## Targets",
             "",
             *targets(tables),
@@ -234,16 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     body = "\n".join(_harness.table_markdown(t) for t in tables)
     write_markdown(out / "RESULTS.md", header, body + "\n![results](results.png)\n\n")
     with open(out / "results.json", "w") as f:
-        json.dump(
-            {
-                "command": shlex.join(me),
-                "commands": commands,
-                "machine": machine,
-                "tables": [t.to_json() for t in tables],
-            },
-            f,
-            indent=1,
-        )
+        json.dump({"runs": runs}, f, indent=1)
     plot(tables, out / "results.png")
     print(f"wrote {out / 'RESULTS.md'} and {out / 'results.png'} in {total:.0f} s")
 

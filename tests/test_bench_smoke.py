@@ -45,7 +45,7 @@ def suite(tmp_path_factory):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(out / "results.json") as f:
         data = json.load(f)
-    tables = [_harness.Table.from_json(t) for t in data["tables"]]
+    tables = [_harness.Table.from_json(t) for run in data["runs"].values() for t in run["tables"]]
     return out, data, tables
 
 
@@ -147,12 +147,65 @@ def test_reports_written(suite):
     assert "\nold\n" not in text
     for t in tables:
         assert f"#### {t.workload}: {t.title}" in text
-    assert "python bench/run_all.py --tiny" in data["command"]
+    assert set(data["runs"]) == set(run_all.WORKLOADS)
+    for w, run in data["runs"].items():
+        assert run["command"] == f"python bench/{run_all.WORKLOADS[w]} --tiny"
+        assert "python bench/run_all.py --tiny" in run["via"]
+        assert f"`{run['command']}`" in text
+        for key in ("jax", "jaxlib", "cpu", "optax"):
+            assert key in run["machine"]
     assert text.count(run_all.BEGIN) == 1 and "## Targets" in text
-    for key in ("jax", "jaxlib", "cpu", "optax"):
-        assert key in data["machine"]
     png = (out / "results.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+
+
+def test_rerun_one_workload_keeps_the_others(suite):
+    out, data, _ = suite
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "run_all.py"),
+            "--tiny",
+            "--only",
+            "update_scale",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out / "results.json") as f:
+        again = json.load(f)
+    assert set(again["runs"]) == set(data["runs"])
+    for w in data["runs"]:
+        same = again["runs"][w] == data["runs"][w]
+        assert same == (w != "update_scale"), w
+    assert "--only update_scale" in again["runs"]["update_scale"]["via"]
+    text = (out / "RESULTS.md").read_text()
+    assert "#### 1. Step overhead" in text and "#### 4. The operator" in text
+
+
+def test_probe_hlo_counts_every_candidate():
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "probe_hlo.py"), "--leaves", "2", "4"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    names = list(_steps.candidates(("auto",) if _ours_expected() else ()))
+    for n in (2, 4):
+        section = proc.stdout.split(f"#### step with {n} parameter leaves")[1].split("####")[0]
+        rows = [
+            line for line in section.splitlines() if line.startswith("| ") and "---" not in line
+        ]
+        assert [r.split(" | ")[0][2:] for r in rows[1:]] == names
+        for r in rows[1:]:
+            kernels, reductions, operands, lines = (int(c) for c in r.split(" | ")[1:5])
+            assert kernels > 0 and operands > 0 and lines > 0 and reductions >= 0
+    assert "per-leaf kernels alone" in proc.stdout
 
 
 def test_harness_ratios_are_paired():
