@@ -1,5 +1,7 @@
 """jax-amp-scale: dynamic loss scaling for JAX mixed-precision training."""
 
+# Ascend / PJRT plugins: importing it installs automatic registration on plugin discovery.
+from jax_amp_scale import plugin as plugin
 from jax_amp_scale._core import (
     amp_update_scale,
     auto_backend,

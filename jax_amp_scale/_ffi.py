@@ -65,6 +65,8 @@ def _load_native(module: str, platform: str) -> None:
 
 
 _load_native("_native_cpu", "cpu")
+# Optional: built only where CMake found a working CUDA compiler.
+_load_native("_native_cuda", "cuda")
 
 
 def platforms() -> frozenset[str]:
@@ -114,11 +116,12 @@ def _ffi_call(
     growth_factor: float,
     backoff_factor: float,
     growth_interval: int,
+    target: str = TARGET,
 ) -> tuple[jax.Array, jax.Array]:
     # The operator's dtype rule: found_inf has the scale's dtype (1 or 0).
     found_inf = found.astype(scale.dtype)
     call = jax.ffi.ffi_call(
-        TARGET,
+        target,
         (
             jax.ShapeDtypeStruct(scale.shape, scale.dtype),
             jax.ShapeDtypeStruct(tracker.shape, jnp.int32),

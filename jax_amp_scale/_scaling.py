@@ -133,7 +133,13 @@ def _unscale_leaf(x: Any, inv: jax.Array | None) -> Any:
 
 
 def _leaf_finite(x: Any) -> jax.Array:
-    return jnp.all(jnp.isfinite(x))
+    # min over a uint8 mask, not all() over a bool one: same answer, but
+    # XLA:CPU reduces uint8 with its vectorized (YNNPACK) reduction while it
+    # rewrites a pred reduction into slower reduce-window passes (measured:
+    # about 1.6x less time for unscale_and_check on CPU).
+    if x.size == 0:
+        return jnp.array(True)
+    return jnp.min(jnp.isfinite(x).astype(jnp.uint8)) == 1
 
 
 def unscale(tree: PyTree, state: Any) -> PyTree:
@@ -170,11 +176,13 @@ def unscale_and_check(tree: PyTree, state: Any) -> tuple[PyTree, jax.Array]:
       check reads the *unscaled* value, so a finite gradient that overflows
       when a scale below 1 is divided out is caught too.
 
-    Each leaf's check is written on the same expression as its unscaled
-    value, so XLA can fuse both into one pass over the gradient where it
-    fuses reductions with elementwise producers (multi-output fusion on GPU).
-    XLA:CPU keeps reductions out of fusions: there the check is a second
-    kernel per leaf; tests/test_scaling.py pins the structure of both.
+    Each leaf's check is a reduction over the very expression that produces
+    its unscaled value, the shape a multi-output fusion (as in XLA:GPU) can
+    turn into one pass; that is not verified here, for want of a GPU.  XLA:CPU
+    never fuses a reduction with its producer: there each leaf costs one
+    kernel writing the unscaled leaf and one writing a 1-byte finiteness mask
+    (then a vectorized reduction), nothing else; tests/test_scaling.py pins
+    that structure.
     """
     inv = _inverse(state)
     leaves, treedef = jax.tree_util.tree_flatten(tree)

@@ -1,0 +1,186 @@
+#include "ascend_dispatch.h"
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace jas {
+namespace {
+
+using cann::aclTensor;
+
+cann::aclDataType AclScaleType(ScaleDtype dt) {
+  switch (dt) {
+    case ScaleDtype::kF32: return cann::ACL_FLOAT;
+    case ScaleDtype::kF16: return cann::ACL_FLOAT16;
+    case ScaleDtype::kBF16: return cann::ACL_BF16;
+  }
+  return cann::ACL_FLOAT;
+}
+
+int64_t ScaleItemSize(ScaleDtype dt) { return dt == ScaleDtype::kF32 ? 4 : 2; }
+
+std::string RecentMessage(const cann::CannApi& api) {
+  const char* msg = api.recent_err_msg != nullptr ? api.recent_err_msg() : nullptr;
+  return (msg != nullptr && *msg != '\0') ? msg : "(aclGetRecentErrMsg: no message)";
+}
+
+std::string AclnnError(const cann::CannApi& api, const char* fn, cann::aclnnStatus s) {
+  return std::string(fn) + " failed with status " + std::to_string(s) + " (" +
+         cann::StatusName(s) + "): " + RecentMessage(api);
+}
+
+// The five descriptors of one call; destroyed on every path.
+class Descriptors {
+ public:
+  explicit Descriptors(const cann::CannApi& api) : api_(api) {}
+  ~Descriptors() {
+    // The executor keeps what it needs: torch_npu also destroys the
+    // descriptors right after the launch.  A failed destroy cannot be acted
+    // on here, so its status is not reported.
+    for (aclTensor* t : tensors_) {
+      if (t != nullptr) api_.destroy_tensor(t);
+    }
+  }
+  Descriptors(const Descriptors&) = delete;
+  Descriptors& operator=(const Descriptors&) = delete;
+
+  // A contiguous ND tensor of shape [1] over `data`.
+  aclTensor* Make(int i, cann::aclDataType dtype, void* data) {
+    static constexpr int64_t kShape[1] = {1};
+    static constexpr int64_t kStride[1] = {1};
+    tensors_[i] = api_.create_tensor(kShape, 1, dtype, kStride, 0,
+                                     cann::ACL_FORMAT_ND, kShape, 1, data);
+    return tensors_[i];
+  }
+
+ private:
+  const cann::CannApi& api_;
+  std::array<aclTensor*, 5> tensors_{};
+};
+
+std::string DispatchOne(const cann::CannApi& api, WorkspaceCache& cache,
+                        int64_t device, cann::aclrtStream stream,
+                        const UpdateScaleCall& c, int64_t i) {
+  const int64_t item = ScaleItemSize(c.dtype);
+  auto* scale = static_cast<char*>(c.scale) + i * item;
+  auto* found = const_cast<char*>(static_cast<const char*>(c.found_inf)) + i * item;
+  auto* scale_out = static_cast<char*>(c.scale_out) + i * item;
+  int32_t* tracker = c.tracker + i;
+  int32_t* tracker_out = c.tracker_out + i;
+  const cann::aclDataType st = AclScaleType(c.dtype);
+
+  static const char* const kNames[5] = {"currentScale", "growthTracker", "foundInf",
+                                        "updatedScale", "updatedGrowthTracker"};
+  Descriptors d(api);
+  aclTensor* t[5] = {d.Make(0, st, scale), d.Make(1, cann::ACL_INT32, tracker),
+                     d.Make(2, st, found), d.Make(3, st, scale_out),
+                     d.Make(4, cann::ACL_INT32, tracker_out)};
+  for (int k = 0; k < 5; ++k) {
+    if (t[k] == nullptr) {
+      return std::string("aclCreateTensor failed for ") + kNames[k] + ": " +
+             RecentMessage(api);
+    }
+  }
+
+  uint64_t ws_size = 0;
+  cann::aclOpExecutor* executor = nullptr;
+  cann::aclnnStatus s = api.get_workspace_size(t[0], t[1], t[2], c.growth_factor,
+                                               c.backoff_factor, c.growth_interval,
+                                               t[3], t[4], &ws_size, &executor);
+  if (s != cann::kAclnnSuccess) {
+    std::string err = AclnnError(api, "aclnnAmpUpdateScaleGetWorkspaceSize", s);
+    if (executor != nullptr && api.destroy_executor != nullptr) api.destroy_executor(executor);
+    return err;
+  }
+  void* ws = nullptr;
+  std::string err = cache.Get(api, device, stream, ws_size, &ws);
+  if (!err.empty()) {
+    if (executor != nullptr && api.destroy_executor != nullptr) api.destroy_executor(executor);
+    return err;
+  }
+  s = api.launch(ws, ws_size, executor, stream);
+  if (s != cann::kAclnnSuccess) return AclnnError(api, "aclnnAmpUpdateScale", s);
+  return std::string();
+}
+
+}  // namespace
+
+std::string WorkspaceCache::Get(const cann::CannApi& api, int64_t device, void* stream,
+                                uint64_t size, void** ptr) {
+  *ptr = nullptr;
+  if (size == 0) return std::string();
+  std::lock_guard<std::mutex> lock(mu_);
+  Buffer& cur = current_[{device, stream}];
+  if (cur.ptr != nullptr && cur.size >= size) {
+    *ptr = cur.ptr;
+    return std::string();
+  }
+  uint64_t want = size;
+  if (cur.size > 0 && want < 2 * cur.size) want = 2 * cur.size;
+  void* fresh = nullptr;
+  const cann::aclError e = api.rt_malloc(&fresh, static_cast<size_t>(want),
+                                         cann::ACL_MEM_MALLOC_HUGE_FIRST);
+  if (e != 0 || fresh == nullptr) {
+    return "aclrtMalloc of a " + std::to_string(want) +
+           "-byte workspace for aclnnAmpUpdateScale failed with error " +
+           std::to_string(e) + ": " + RecentMessage(api);
+  }
+  if (cur.ptr != nullptr) retired_.push_back(cur);
+  cur = Buffer{fresh, want, api.rt_free};
+  *ptr = fresh;
+  return std::string();
+}
+
+std::string WorkspaceCache::ReleaseAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string err;
+  auto release = [&err](const Buffer& b) {
+    if (b.ptr != nullptr && b.free_fn(b.ptr) != 0) err = "aclrtFree failed";
+  };
+  for (const auto& kv : current_) release(kv.second);
+  for (const Buffer& b : retired_) release(b);
+  current_.clear();
+  retired_.clear();
+  return err;
+}
+
+std::vector<WorkspaceCache::Entry> WorkspaceCache::Current() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Entry> out;
+  for (const auto& kv : current_) {
+    if (kv.second.ptr != nullptr) out.push_back({kv.first.first, kv.first.second, kv.second.size});
+  }
+  return out;
+}
+
+size_t WorkspaceCache::RetiredCount() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return retired_.size();
+}
+
+WorkspaceCache& GlobalWorkspaceCache() {
+  // Never destroyed: freeing device memory after the runtime shut down at
+  // exit would be an error; the process exit releases it.
+  static auto* cache = new WorkspaceCache();
+  return *cache;
+}
+
+std::string DispatchUpdateScale(const cann::CannApi& api, WorkspaceCache& cache,
+                                int64_t device, cann::aclrtStream stream,
+                                const UpdateScaleCall& call) {
+  if (call.scale_out != call.scale || call.tracker_out != call.tracker) {
+    return "aclnnAmpUpdateScale is called in place: the outputs must alias the "
+           "inputs (input_output_aliases={0: 0, 1: 1})";
+  }
+  for (int64_t i = 0; i < call.count; ++i) {
+    std::string err = DispatchOne(api, cache, device, stream, call, i);
+    if (!err.empty()) {
+      if (call.count > 1) err = "batch element " + std::to_string(i) + ": " + err;
+      return err;
+    }
+  }
+  return std::string();
+}
+
+}  // namespace jas

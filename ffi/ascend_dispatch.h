@@ -1,0 +1,90 @@
+// The Ascend dispatch to aclnnAmpUpdateScale, written once against a loaded
+// CANN function table.  The production XLA handler (bound to the device
+// stream) and the CPU test handler (null stream, CANN test double) both call
+// DispatchUpdateScale, so the tests exercise exactly the production code.
+#ifndef JAX_AMP_SCALE_FFI_ASCEND_DISPATCH_H_
+#define JAX_AMP_SCALE_FFI_ASCEND_DISPATCH_H_
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cann_abi.h"
+#include "update_scale.h"
+
+namespace jas {
+
+// Workspaces for the operator, cached per (device, stream).
+//
+// A kernel launched on a stream may still read its workspace after the
+// launch returns.  Kernels on one stream run in order, so the next launch on
+// the same stream may reuse the same buffer without a synchronisation; a
+// different stream on the same device gets its own buffer.  When a call
+// needs more than the cached buffer, a bigger one is allocated and the old
+// one is retired, not freed (an earlier kernel may still use it); retired
+// buffers are freed only by ReleaseAll.  Growth at least doubles, so the
+// retired memory stays below the current buffer's size.
+class WorkspaceCache {
+ public:
+  // Sets `*ptr` to a workspace of at least `size` bytes (nullptr when size
+  // is 0).  Returns an empty string or the error.
+  std::string Get(const cann::CannApi& api, int64_t device, void* stream,
+                  uint64_t size, void** ptr);
+
+  // Frees every cached and retired buffer.  Only safe when no launched
+  // kernel can still be running (tests; teardown after a synchronisation).
+  std::string ReleaseAll();
+
+  struct Entry {
+    int64_t device;
+    void* stream;
+    uint64_t size;
+  };
+  std::vector<Entry> Current();
+  size_t RetiredCount();
+
+ private:
+  struct Buffer {
+    void* ptr = nullptr;
+    uint64_t size = 0;
+    cann::aclrtFreeFn free_fn = nullptr;
+  };
+  std::mutex mu_;
+  std::map<std::pair<int64_t, void*>, Buffer> current_;
+  std::vector<Buffer> retired_;
+};
+
+WorkspaceCache& GlobalWorkspaceCache();
+
+// One update-scale call on `count` independent states, in place.
+//
+// Buffers are device memory for the production handler (host memory for the
+// test double).  `scale_out` must equal `scale` and `tracker_out` must equal
+// `tracker` (XLA aliases them, as torch_npu calls the operator in place).
+// The operator takes shape-[1] tensors, so a vmapped batch (count > 1) is
+// dispatched as one operator call per element, each on its own descriptors.
+// Returns an empty string or the error (with aclnn status, its name and
+// aclGetRecentErrMsg()).
+struct UpdateScaleCall {
+  ScaleDtype dtype;
+  void* scale;
+  int32_t* tracker;
+  const void* found_inf;
+  void* scale_out;
+  int32_t* tracker_out;
+  int64_t count;
+  double growth_factor;
+  double backoff_factor;
+  int64_t growth_interval;
+};
+
+std::string DispatchUpdateScale(const cann::CannApi& api, WorkspaceCache& cache,
+                                int64_t device, cann::aclrtStream stream,
+                                const UpdateScaleCall& call);
+
+}  // namespace jas
+
+#endif  // JAX_AMP_SCALE_FFI_ASCEND_DISPATCH_H_

@@ -1,0 +1,41 @@
+// Finds and loads the CANN libraries at run time (dlopen), so that neither
+// building nor importing jax_amp_scale needs CANN.
+//
+// Search order:
+//   operator (aclnnAmpUpdateScale*): $JAX_AMP_SCALE_CANN_OPAPI when set (a
+//     path; nothing else is tried), else libopapi_math.so (recent CANN) then
+//     libopapi.so (older CANN), each under $ASCEND_HOME_PATH/lib64,
+//     $ASCEND_TOOLKIT_HOME/lib64 and finally the dynamic loader's path;
+//   libnnopbase.so (aclCreateTensor, aclDestroyTensor) and libascendcl.so
+//     (aclrtMalloc, aclrtFree, aclGetRecentErrMsg): the same directories,
+//     then the loader's path.
+#ifndef JAX_AMP_SCALE_FFI_ASCEND_LOADER_H_
+#define JAX_AMP_SCALE_FFI_ASCEND_LOADER_H_
+
+#include <string>
+
+#include "cann_abi.h"
+
+namespace jas {
+
+struct LoadedCann {
+  cann::CannApi api;
+  std::string opapi_path;
+  std::string nnopbase_path;
+  std::string ascendcl_path;
+};
+
+// The loaded table, loading it on first use.  Returns nullptr and sets
+// `error` (every path tried and why it failed) when a library or symbol is
+// missing; a failure is not cached, so fixing the environment is enough.
+// Thread-safe.  The returned table lives until the process ends.
+const LoadedCann* GetCann(std::string* error);
+
+// Tests only: forget the loaded table so the next GetCann searches again
+// (e.g. after changing the environment).  Libraries stay open and tables
+// stay valid: a handler running concurrently keeps working.
+void ForgetCannForTests();
+
+}  // namespace jas
+
+#endif  // JAX_AMP_SCALE_FFI_ASCEND_LOADER_H_

@@ -1,0 +1,100 @@
+// The part of the CANN C ABI that the Ascend handler relies on, declared
+// here from the documented headers (acl/acl_base.h, acl/acl_rt.h,
+// aclnn/acl_meta.h, aclnnop/aclnn_amp_update_scale.h) so that building and
+// importing jax_amp_scale needs no CANN installation: the libraries are
+// dlopen'ed at run time (ascend_loader.cc) and called through CannApi.
+#ifndef JAX_AMP_SCALE_FFI_CANN_ABI_H_
+#define JAX_AMP_SCALE_FFI_CANN_ABI_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace jas {
+namespace cann {
+
+// Opaque handles; only ever used through pointers.
+struct aclTensor;
+struct aclOpExecutor;
+using aclrtStream = void*;
+using aclnnStatus = int32_t;  // 0 = success
+using aclError = int;         // ACL_SUCCESS = 0
+
+// aclDataType values used here (acl/acl_base.h).
+enum aclDataType : int32_t {
+  ACL_FLOAT = 0,
+  ACL_FLOAT16 = 1,
+  ACL_INT32 = 3,
+  ACL_BF16 = 27,
+};
+
+// aclFormat: the operator takes ND tensors.
+enum aclFormat : int32_t { ACL_FORMAT_ND = 2 };
+
+// aclrtMemMallocPolicy: huge pages first, as torch_npu allocates workspaces.
+enum aclrtMemMallocPolicy : int32_t { ACL_MEM_MALLOC_HUGE_FIRST = 0 };
+
+// aclnn status codes (aclnn/aclnn_base.h).
+constexpr aclnnStatus kAclnnSuccess = 0;
+constexpr aclnnStatus kAclnnErrParamNullptr = 161001;
+constexpr aclnnStatus kAclnnErrParamInvalid = 161002;
+constexpr aclnnStatus kAclnnErrRuntimeError = 361001;
+constexpr aclnnStatus kAclnnErrInnerBase = 561000;
+constexpr aclnnStatus kAclnnErrInnerTiling = 561002;
+
+// The name of an aclnn status for error messages.
+inline const char* StatusName(aclnnStatus s) {
+  switch (s) {
+    case kAclnnSuccess: return "ACLNN_SUCCESS";
+    case kAclnnErrParamNullptr: return "ACLNN_ERR_PARAM_NULLPTR";
+    case kAclnnErrParamInvalid: return "ACLNN_ERR_PARAM_INVALID";
+    case kAclnnErrRuntimeError: return "ACLNN_ERR_RUNTIME_ERROR";
+    case kAclnnErrInnerTiling: return "ACLNN_ERR_INNER_TILING_ERROR";
+    default: break;
+  }
+  if (s >= kAclnnErrInnerBase && s < kAclnnErrInnerBase + 1000) {
+    return "ACLNN_ERR_INNER (inner error)";
+  }
+  return "unknown aclnn status";
+}
+
+// Function types, as in the CANN headers.
+using aclCreateTensorFn = aclTensor* (*)(const int64_t* view_dims,
+                                         uint64_t view_dims_num,
+                                         aclDataType data_type,
+                                         const int64_t* stride, int64_t offset,
+                                         aclFormat format,
+                                         const int64_t* storage_dims,
+                                         uint64_t storage_dims_num,
+                                         void* tensor_data);
+using aclDestroyTensorFn = aclnnStatus (*)(const aclTensor* tensor);
+// Optional (newer CANN): frees an executor that will not be launched.
+using aclDestroyAclOpExecutorFn = aclnnStatus (*)(aclOpExecutor* executor);
+using GetWorkspaceSizeFn = aclnnStatus (*)(
+    const aclTensor* current_scale, const aclTensor* growth_tracker,
+    const aclTensor* found_inf, double growth_factor, double backoff_factor,
+    int64_t growth_interval, const aclTensor* updated_scale_out,
+    const aclTensor* updated_growth_tracker_out, uint64_t* workspace_size,
+    aclOpExecutor** executor);
+using LaunchFn = aclnnStatus (*)(void* workspace, uint64_t workspace_size,
+                                 aclOpExecutor* executor, aclrtStream stream);
+using aclrtMallocFn = aclError (*)(void** dev_ptr, size_t size,
+                                   aclrtMemMallocPolicy policy);
+using aclrtFreeFn = aclError (*)(void* dev_ptr);
+using aclGetRecentErrMsgFn = const char* (*)();
+
+// The loaded function table.  Everything but destroy_executor is required.
+struct CannApi {
+  aclCreateTensorFn create_tensor = nullptr;
+  aclDestroyTensorFn destroy_tensor = nullptr;
+  aclDestroyAclOpExecutorFn destroy_executor = nullptr;
+  GetWorkspaceSizeFn get_workspace_size = nullptr;
+  LaunchFn launch = nullptr;
+  aclrtMallocFn rt_malloc = nullptr;
+  aclrtFreeFn rt_free = nullptr;
+  aclGetRecentErrMsgFn recent_err_msg = nullptr;
+};
+
+}  // namespace cann
+}  // namespace jas
+
+#endif  // JAX_AMP_SCALE_FFI_CANN_ABI_H_

@@ -1,0 +1,556 @@
+/* Core of the CANN test double (see cann_double.h).
+ *
+ * It implements aclnnAmpUpdateScale's rule on host memory, on its own (it
+ * does not share code with ffi/update_scale.h): scale * factor is one IEEE
+ * double multiplication (exact product rounded to float64, as torch does),
+ * then narrowed to the scale dtype: float32 by a C cast, float16 through the
+ * compiler's _Float16, bfloat16 by rounding in double arithmetic.  Every call
+ * is checked the way the operator documents (dtypes, shapes, format,
+ * attribute range, two-phase order) and recorded as one JSON line.  Tests
+ * drive it through the exported cd_* control functions (ctypes). */
+#define _GNU_SOURCE
+#include "cann_double.h"
+
+#include <fenv.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+enum { ACL_FLOAT = 0, ACL_FLOAT16 = 1, ACL_INT32 = 3, ACL_BF16 = 27, ACL_FORMAT_ND = 2 };
+enum { ST_NULLPTR = 161001, ST_INVALID = 161002 };
+#define MAXDIMS 8
+#define TENSOR_MAGIC 0x7e45044bu
+#define EXEC_MAGIC 0xe8ec0701u
+
+struct cd_tensor {
+  uint32_t magic;
+  int64_t id;
+  uint64_t ndims, nstorage;
+  int64_t dims[MAXDIMS], strides[MAXDIMS], storage[MAXDIMS];
+  int64_t offset;
+  int32_t dtype, format;
+  void* data;
+};
+
+struct cd_executor {
+  uint32_t magic;
+  int64_t id;
+  int32_t dtype;
+  void *scale, *tracker, *found, *scale_out, *tracker_out;
+  double gf, bf;
+  int64_t gi;
+  uint64_t ws_size;
+};
+
+typedef struct {
+  void* ptr;
+  size_t size;
+} cd_alloc;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int logging = 1;
+static char* logbuf;
+static size_t loglen, logcap;
+static char recent[1024];
+static uint64_t ws_knob;
+static struct {
+  char api[64];
+  int32_t status;
+  char msg[512];
+} failure;
+/* stats */
+static int64_t live_tensors, created, destroyed, live_execs, gws_calls, run_calls, bad_calls;
+static int64_t next_id = 1;
+static cd_alloc* allocs;
+static size_t nallocs, capallocs;
+static int64_t total_allocs, total_frees;
+
+static void logf_(const char* fmt, ...) {
+  if (!logging) return;
+  char line[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  if ((size_t)n >= sizeof line) n = sizeof line - 1;
+  if (loglen + (size_t)n + 2 > logcap) {
+    size_t cap = logcap ? logcap * 2 : 1 << 16;
+    while (cap < loglen + (size_t)n + 2) cap *= 2;
+    char* p = realloc(logbuf, cap);
+    if (!p) return;
+    logbuf = p;
+    logcap = cap;
+  }
+  memcpy(logbuf + loglen, line, (size_t)n);
+  loglen += (size_t)n;
+  logbuf[loglen++] = '\n';
+  logbuf[loglen] = '\0';
+}
+
+static void set_msg(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(recent, sizeof recent, fmt, ap);
+  va_end(ap);
+}
+
+/* Returns the injected status for `api` (0: none) and sets its message. */
+static int32_t injected(const char* api) {
+  if (failure.status != 0 && strcmp(failure.api, api) == 0) {
+    set_msg("%s", failure.msg);
+    return failure.status;
+  }
+  return 0;
+}
+
+/* ---- the operator's rule, independently ---- */
+static float load(int32_t dt, const void* p) {
+  if (dt == ACL_FLOAT) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+  }
+  uint16_t h;
+  memcpy(&h, p, 2);
+  if (dt == ACL_FLOAT16) {
+    _Float16 x;
+    memcpy(&x, &h, 2);
+    return (float)x;
+  }
+  uint32_t u = (uint32_t)h << 16; /* bfloat16 is float32's top half */
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* double -> bfloat16, nearest-even, by arithmetic: keep 8 significant bits. */
+static uint16_t to_bf16(double d) {
+  if (isnan(d)) {
+    float f = (float)d;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u >> 16) | 0x40u);
+  }
+  if (isinf(d) || d == 0.0) return signbit(d) ? (isinf(d) ? 0xFF80u : 0x8000u)
+                                              : (isinf(d) ? 0x7F80u : 0x0000u);
+  int e = ilogb(d);
+  if (e < -126) e = -126; /* subnormals share the finest spacing */
+  double q = ldexp(nearbyint(ldexp(d, 7 - e)), e - 7); /* default mode: nearest-even */
+  const double max_bf16 = ldexp(255.0, 120);           /* 0x7F7F */
+  float r;
+  if (fabs(q) > max_bf16) {
+    r = q > 0 ? INFINITY : -INFINITY;
+  } else {
+    r = (float)q; /* exact: q has at most 8 significant bits */
+  }
+  uint32_t u;
+  memcpy(&u, &r, 4);
+  return (uint16_t)(u >> 16);
+}
+
+static void store(int32_t dt, void* p, double v) {
+  if (dt == ACL_FLOAT) {
+    float f = (float)v;
+    memcpy(p, &f, 4);
+  } else if (dt == ACL_FLOAT16) {
+    _Float16 x = (_Float16)v; /* one rounding from double */
+    memcpy(p, &x, 2);
+  } else {
+    uint16_t b = to_bf16(v);
+    memcpy(p, &b, 2);
+  }
+}
+
+static void apply_rule(const cd_executor* e) {
+  const float scale = load(e->dtype, e->scale);
+  const float found = load(e->dtype, e->found);
+  int32_t tracker;
+  memcpy(&tracker, e->tracker, 4);
+  const size_t item = e->dtype == ACL_FLOAT ? 4 : 2;
+  unsigned char keep[4];
+  memcpy(keep, e->scale, item);
+  int32_t new_tracker;
+  if (found != 0.0f) { /* NaN != 0 */
+    store(e->dtype, e->scale_out, (double)scale * e->bf);
+    new_tracker = 0;
+  } else {
+    int32_t next = (int32_t)((uint32_t)tracker + 1u); /* wraps, no UB */
+    if ((int64_t)next == e->gi) {
+      unsigned char grown[4];
+      store(e->dtype, grown, (double)scale * e->gf);
+      if (isfinite(load(e->dtype, grown))) {
+        memcpy(e->scale_out, grown, item);
+      } else {
+        memcpy(e->scale_out, keep, item);
+      }
+      new_tracker = 0;
+    } else {
+      memcpy(e->scale_out, keep, item);
+      new_tracker = next;
+    }
+  }
+  memcpy(e->tracker_out, &new_tracker, 4);
+}
+
+/* ---- registry helpers ---- */
+static int tensor_ok(const cd_tensor* t) { return t && t->magic == TENSOR_MAGIC; }
+
+static void fmt_dims(char* out, size_t n, const int64_t* d, uint64_t k) {
+  size_t off = 0;
+  off += (size_t)snprintf(out + off, n - off, "[");
+  for (uint64_t i = 0; i < k && off < n; ++i)
+    off += (size_t)snprintf(out + off, n - off, "%s%lld", i ? "," : "", (long long)d[i]);
+  if (off < n) snprintf(out + off, n - off, "]");
+}
+
+EXPORT cd_tensor* cd_create_tensor(const int64_t* view_dims, uint64_t view_dims_num,
+                                   int32_t dtype, const int64_t* stride, int64_t offset,
+                                   int32_t format, const int64_t* storage_dims,
+                                   uint64_t storage_dims_num, void* data) {
+  pthread_mutex_lock(&mu);
+  cd_tensor* t = NULL;
+  if (injected("aclCreateTensor")) goto out;
+  if (view_dims_num > MAXDIMS || storage_dims_num > MAXDIMS ||
+      (view_dims_num && (!view_dims || !stride)) || (storage_dims_num && !storage_dims)) {
+    set_msg("aclCreateTensor: bad dims");
+    ++bad_calls;
+    goto out;
+  }
+  t = calloc(1, sizeof *t);
+  if (!t) goto out;
+  t->magic = TENSOR_MAGIC;
+  t->id = next_id++;
+  t->ndims = view_dims_num;
+  t->nstorage = storage_dims_num;
+  for (uint64_t i = 0; i < view_dims_num; ++i) {
+    t->dims[i] = view_dims[i];
+    t->strides[i] = stride[i];
+  }
+  for (uint64_t i = 0; i < storage_dims_num; ++i) t->storage[i] = storage_dims[i];
+  t->offset = offset;
+  t->dtype = dtype;
+  t->format = format;
+  t->data = data;
+  ++live_tensors;
+  ++created;
+  {
+    char d[128], s[128], st[128];
+    fmt_dims(d, sizeof d, t->dims, t->ndims);
+    fmt_dims(s, sizeof s, t->strides, t->ndims);
+    fmt_dims(st, sizeof st, t->storage, t->nstorage);
+    logf_("{\"ev\":\"create\",\"id\":%lld,\"dims\":%s,\"strides\":%s,\"offset\":%lld,"
+          "\"dtype\":%d,\"format\":%d,\"storage\":%s,\"data\":%llu,\"live\":%lld}",
+          (long long)t->id, d, s, (long long)offset, dtype, format, st,
+          (unsigned long long)(uintptr_t)data, (long long)live_tensors);
+  }
+out:
+  pthread_mutex_unlock(&mu);
+  return t;
+}
+
+EXPORT int32_t cd_destroy_tensor(const cd_tensor* tc) {
+  pthread_mutex_lock(&mu);
+  int32_t st = 0;
+  cd_tensor* t = (cd_tensor*)tc;
+  if (!t) {
+    st = ST_NULLPTR;
+  } else if (!tensor_ok(t)) {
+    st = ST_INVALID;
+    ++bad_calls;
+  } else {
+    logf_("{\"ev\":\"destroy\",\"id\":%lld,\"live\":%lld}", (long long)t->id,
+          (long long)(live_tensors - 1));
+    t->magic = 0;
+    free(t);
+    --live_tensors;
+    ++destroyed;
+  }
+  pthread_mutex_unlock(&mu);
+  return st;
+}
+
+static int32_t check_tensor(const cd_tensor* t, const char* name, int32_t want_dtype) {
+  if (!t) {
+    set_msg("%s is nullptr", name);
+    return ST_NULLPTR;
+  }
+  if (!tensor_ok(t)) {
+    set_msg("%s is not a live aclTensor", name);
+    ++bad_calls;
+    return ST_INVALID;
+  }
+  if (want_dtype >= 0 && t->dtype != want_dtype) {
+    set_msg("%s has dtype %d, expected %d", name, t->dtype, want_dtype);
+    return ST_INVALID;
+  }
+  if (t->ndims != 1 || t->dims[0] != 1 || t->strides[0] != 1 || t->offset != 0 ||
+      t->nstorage != 1 || t->storage[0] != 1) {
+    set_msg("%s must be a contiguous tensor of shape [1]", name);
+    return ST_INVALID;
+  }
+  if (t->format != ACL_FORMAT_ND) {
+    set_msg("%s must have format ND", name);
+    return ST_INVALID;
+  }
+  if (!t->data) {
+    set_msg("%s has no data", name);
+    return ST_NULLPTR;
+  }
+  return 0;
+}
+
+EXPORT int32_t cd_get_workspace_size(const char* lib, const cd_tensor* scale,
+                                     const cd_tensor* tracker, const cd_tensor* found,
+                                     double gf, double bf, int64_t gi,
+                                     const cd_tensor* scale_out, const cd_tensor* tracker_out,
+                                     uint64_t* ws_size, cd_executor** executor) {
+  pthread_mutex_lock(&mu);
+  ++gws_calls;
+  int32_t st = 0;
+  cd_executor* e = NULL;
+  if (!ws_size || !executor) {
+    set_msg("workspaceSize or executor is nullptr");
+    st = ST_NULLPTR;
+    goto out;
+  }
+  *executor = NULL;
+  if (!scale) {
+    set_msg("currentScale is nullptr");
+    st = ST_NULLPTR;
+    goto out;
+  }
+  if ((st = check_tensor(scale, "currentScale", -1))) goto out;
+  const int32_t dt = scale->dtype;
+  if (dt != ACL_FLOAT && dt != ACL_FLOAT16 && dt != ACL_BF16) {
+    set_msg("currentScale dtype %d is not FLOAT, FLOAT16 or BFLOAT16", dt);
+    st = ST_INVALID;
+    goto out;
+  }
+  if ((st = check_tensor(tracker, "growthTracker", ACL_INT32)) ||
+      (st = check_tensor(found, "foundInf", dt)) ||
+      (st = check_tensor(scale_out, "updatedScale", dt)) ||
+      (st = check_tensor(tracker_out, "updatedGrowthTracker", ACL_INT32)))
+    goto out;
+  if (gi < 1 || gi > 2147483647) {
+    set_msg("growthInterval %lld out of range", (long long)gi);
+    st = ST_INVALID;
+    goto out;
+  }
+  if ((st = injected("aclnnAmpUpdateScaleGetWorkspaceSize"))) goto out;
+  e = calloc(1, sizeof *e);
+  if (!e) {
+    st = 561001;
+    goto out;
+  }
+  e->magic = EXEC_MAGIC;
+  e->id = next_id++;
+  e->dtype = dt;
+  e->scale = scale->data;
+  e->tracker = tracker->data;
+  e->found = found->data;
+  e->scale_out = scale_out->data;
+  e->tracker_out = tracker_out->data;
+  e->gf = gf;
+  e->bf = bf;
+  e->gi = gi;
+  e->ws_size = ws_knob;
+  *ws_size = ws_knob;
+  *executor = e;
+  ++live_execs;
+out:
+  logf_("{\"ev\":\"gws\",\"lib\":\"%s\",\"args\":[%lld,%lld,%lld,%lld,%lld],\"gf\":%.17g,"
+        "\"bf\":%.17g,\"gi\":%lld,\"status\":%d,\"ws\":%llu,\"exec\":%lld}",
+        lib, (long long)(tensor_ok(scale) ? scale->id : 0),
+        (long long)(tensor_ok(tracker) ? tracker->id : 0),
+        (long long)(tensor_ok(found) ? found->id : 0),
+        (long long)(tensor_ok(scale_out) ? scale_out->id : 0),
+        (long long)(tensor_ok(tracker_out) ? tracker_out->id : 0), gf, bf, (long long)gi, st,
+        (unsigned long long)(e ? e->ws_size : 0), (long long)(e ? e->id : 0));
+  pthread_mutex_unlock(&mu);
+  return st;
+}
+
+static cd_alloc* find_alloc(const void* p) {
+  for (size_t i = 0; i < nallocs; ++i) {
+    const char* b = allocs[i].ptr;
+    if ((const char*)p >= b && (const char*)p < b + allocs[i].size) return &allocs[i];
+  }
+  return NULL;
+}
+
+EXPORT int32_t cd_launch(const char* lib, void* ws, uint64_t ws_size, cd_executor* e,
+                         void* stream) {
+  pthread_mutex_lock(&mu);
+  ++run_calls;
+  int32_t st = 0;
+  int64_t id = 0;
+  if (!e) {
+    set_msg("executor is nullptr (GetWorkspaceSize first)");
+    st = ST_NULLPTR;
+    goto out;
+  }
+  if (e->magic != EXEC_MAGIC) {
+    set_msg("executor is not live");
+    ++bad_calls;
+    st = ST_INVALID;
+    goto out;
+  }
+  id = e->id;
+  if (ws_size != e->ws_size) {
+    set_msg("workspaceSize %llu differs from GetWorkspaceSize's %llu",
+            (unsigned long long)ws_size, (unsigned long long)e->ws_size);
+    ++bad_calls;
+    st = ST_INVALID;
+    goto out;
+  }
+  if (ws_size > 0) {
+    cd_alloc* a = find_alloc(ws);
+    if (!a || (const char*)ws + ws_size > (const char*)a->ptr + a->size) {
+      set_msg("workspace is not an aclrtMalloc block of %llu bytes", (unsigned long long)ws_size);
+      ++bad_calls;
+      st = ST_INVALID;
+      goto out;
+    }
+    memset(ws, 0xA5, ws_size); /* the kernel uses all of it */
+  }
+  /* The executor is consumed by the launch, failed or not, as in CANN. */
+  if (!(st = injected("aclnnAmpUpdateScale"))) {
+    /* The device kernel does not see the host's floating-point mode, but
+     * this host code runs on XLA:CPU threads, which flush subnormals
+     * (MXCSR FTZ/DAZ): compute in the default environment. */
+    fenv_t saved;
+    fegetenv(&saved);
+    fesetenv(FE_DFL_ENV);
+    apply_rule(e);
+    fesetenv(&saved);
+  }
+  e->magic = 0;
+  free(e);
+  --live_execs;
+out:
+  logf_("{\"ev\":\"run\",\"lib\":\"%s\",\"exec\":%lld,\"ws_ptr\":%llu,\"ws\":%llu,"
+        "\"stream\":%llu,\"status\":%d}",
+        lib, (long long)id, (unsigned long long)(uintptr_t)ws, (unsigned long long)ws_size,
+        (unsigned long long)(uintptr_t)stream, st);
+  pthread_mutex_unlock(&mu);
+  return st;
+}
+
+EXPORT int32_t cd_destroy_executor(cd_executor* e) {
+  pthread_mutex_lock(&mu);
+  int32_t st = 0;
+  if (!e || e->magic != EXEC_MAGIC) {
+    st = e ? ST_INVALID : ST_NULLPTR;
+  } else {
+    logf_("{\"ev\":\"destroy_exec\",\"exec\":%lld}", (long long)e->id);
+    e->magic = 0;
+    free(e);
+    --live_execs;
+  }
+  pthread_mutex_unlock(&mu);
+  return st;
+}
+
+EXPORT int cd_malloc(void** ptr, size_t size, int32_t policy) {
+  pthread_mutex_lock(&mu);
+  int st = injected("aclrtMalloc");
+  if (!st) {
+    if (!ptr || size == 0) {
+      st = 107000;
+    } else if (nallocs == capallocs &&
+               !(allocs = realloc(allocs, (capallocs = capallocs ? capallocs * 2 : 16) *
+                                              sizeof *allocs))) {
+      st = 207001;
+    } else {
+      *ptr = malloc(size);
+      if (!*ptr) {
+        st = 207001;
+      } else {
+        allocs[nallocs++] = (cd_alloc){*ptr, size};
+        ++total_allocs;
+      }
+    }
+  }
+  logf_("{\"ev\":\"malloc\",\"size\":%llu,\"policy\":%d,\"ptr\":%llu,\"status\":%d}",
+        (unsigned long long)size, policy,
+        (unsigned long long)(uintptr_t)(ptr && !st ? *ptr : NULL), st);
+  pthread_mutex_unlock(&mu);
+  return st;
+}
+
+EXPORT int cd_free(void* ptr) {
+  pthread_mutex_lock(&mu);
+  int st = 107000;
+  for (size_t i = 0; i < nallocs; ++i) {
+    if (allocs[i].ptr == ptr) {
+      free(ptr);
+      allocs[i] = allocs[--nallocs];
+      ++total_frees;
+      st = 0;
+      break;
+    }
+  }
+  logf_("{\"ev\":\"free\",\"ptr\":%llu,\"status\":%d}", (unsigned long long)(uintptr_t)ptr, st);
+  pthread_mutex_unlock(&mu);
+  return st;
+}
+
+EXPORT const char* cd_recent_err_msg(void) { return recent; }
+
+/* ---- controls for the tests ---- */
+EXPORT void cd_reset(void) {
+  pthread_mutex_lock(&mu);
+  loglen = 0;
+  if (logbuf) logbuf[0] = '\0';
+  recent[0] = '\0';
+  ws_knob = 0;
+  failure.status = 0;
+  failure.api[0] = failure.msg[0] = '\0';
+  logging = 1;
+  pthread_mutex_unlock(&mu);
+}
+EXPORT void cd_set_logging(int on) {
+  pthread_mutex_lock(&mu);
+  logging = on;
+  pthread_mutex_unlock(&mu);
+}
+EXPORT void cd_set_workspace_size(uint64_t size) {
+  pthread_mutex_lock(&mu);
+  ws_knob = size;
+  pthread_mutex_unlock(&mu);
+}
+/* Makes every call of `api` fail with `status` and `msg` (status 0 clears). */
+EXPORT void cd_set_failure(const char* api, int32_t status, const char* msg) {
+  pthread_mutex_lock(&mu);
+  snprintf(failure.api, sizeof failure.api, "%s", api ? api : "");
+  snprintf(failure.msg, sizeof failure.msg, "%s", msg ? msg : "");
+  failure.status = status;
+  pthread_mutex_unlock(&mu);
+}
+/* Copies the JSON-lines log into buf (truncated to n-1); returns its length. */
+EXPORT size_t cd_log(char* buf, size_t n) {
+  pthread_mutex_lock(&mu);
+  size_t len = loglen;
+  if (buf && n) {
+    size_t k = len < n - 1 ? len : n - 1;
+    if (k) memcpy(buf, logbuf, k);
+    buf[k] = '\0';
+  }
+  pthread_mutex_unlock(&mu);
+  return len;
+}
+/* live_tensors, created, destroyed, live_execs, gws_calls, run_calls,
+ * live_allocs, total_allocs, total_frees, bad_calls */
+EXPORT void cd_stats(int64_t* out) {
+  pthread_mutex_lock(&mu);
+  int64_t v[10] = {live_tensors, created,         destroyed,    live_execs,  gws_calls,
+                   run_calls,    (int64_t)nallocs, total_allocs, total_frees, bad_calls};
+  memcpy(out, v, sizeof v);
+  pthread_mutex_unlock(&mu);
+}

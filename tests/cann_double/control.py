@@ -1,0 +1,94 @@
+"""Python side of the CANN test double: build it, point the loader at it, read it."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import build as _build
+
+STATS = (
+    "live_tensors",
+    "created",
+    "destroyed",
+    "live_execs",
+    "gws_calls",
+    "run_calls",
+    "live_allocs",
+    "total_allocs",
+    "total_frees",
+    "bad_calls",
+)
+
+
+class CannDouble:
+    """The built double (all variants) and its control functions."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = _build.build(root)
+        # The one core library: every variant's libraries link this file.
+        self.core = ctypes.CDLL(str(self.root / "core" / "libcann_double.so"))
+        self.core.cd_set_workspace_size.argtypes = [ctypes.c_uint64]
+        self.core.cd_set_failure.argtypes = [ctypes.c_char_p, ctypes.c_int32, ctypes.c_char_p]
+        self.core.cd_log.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        self.core.cd_log.restype = ctypes.c_size_t
+        self.core.cd_set_logging.argtypes = [ctypes.c_int]
+
+    def home(self, variant: str) -> Path:
+        """A directory D with D/lib64 = the variant's libraries (an ASCEND_HOME_PATH)."""
+        home = self.root / f"home_{variant}"
+        home.mkdir(exist_ok=True)
+        link = home / "lib64"
+        if not link.exists():
+            link.symlink_to(self.root / variant)
+        return home
+
+    def reset(self) -> None:
+        self.core.cd_reset()
+
+    def set_workspace_size(self, n: int) -> None:
+        self.core.cd_set_workspace_size(n)
+
+    def fail(self, api: str, status: int, message: str) -> None:
+        self.core.cd_set_failure(api.encode(), status, message.encode())
+
+    def logging(self, on: bool) -> None:
+        self.core.cd_set_logging(1 if on else 0)
+
+    def log(self) -> list[dict[str, Any]]:
+        n = self.core.cd_log(None, 0)
+        buf = ctypes.create_string_buffer(n + 1)
+        self.core.cd_log(buf, n + 1)
+        return [json.loads(line) for line in buf.value.decode().splitlines()]
+
+    def stats(self) -> dict[str, int]:
+        out = (ctypes.c_int64 * len(STATS))()
+        self.core.cd_stats(out)
+        return dict(zip(STATS, out, strict=True))
+
+
+_SHARED: CannDouble | None = None
+
+
+def shared(tmp_path_factory: Any) -> CannDouble:
+    """One build of the double per test session."""
+    global _SHARED
+    if _SHARED is None:
+        _SHARED = CannDouble(tmp_path_factory.mktemp("cann_double"))
+    return _SHARED
+
+
+def use(monkeypatch: Any, double: CannDouble, variant: str = "full") -> None:
+    """Points the Ascend loader at `variant` of the double, fresh state."""
+    from jax_amp_scale import _ascend
+
+    for var in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "JAX_AMP_SCALE_CANN_OPAPI"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("ASCEND_HOME_PATH", str(double.home(variant)))
+    _ascend.native().forget_cann_for_tests()
+    _ascend.native().release_workspaces()
+    double.reset()

@@ -1,0 +1,363 @@
+"""The Ascend dispatch to aclnnAmpUpdateScale, proven on CPU against the CANN test double.
+
+The test binding runs the production validation and dispatch code
+(``ffi/ascend_dispatch.cc``) under ``jax.jit`` with a null stream; the double
+(``tests/cann_double``) implements the operator independently and records
+every call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_amp_scale import _ascend, amp_update_scale
+from tests.cann_double import control
+
+DTYPES = (jnp.float32, jnp.float16, jnp.bfloat16)
+ACL = {jnp.dtype(jnp.float32): 0, jnp.dtype(jnp.float16): 1, jnp.dtype(jnp.bfloat16): 27}
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def double(tmp_path_factory):
+    return control.shared(tmp_path_factory)
+
+
+@pytest.fixture
+def cann(double, monkeypatch):
+    control.use(monkeypatch, double, "full")
+    yield double
+    _ascend.native().release_workspaces()
+    double.reset()
+
+
+def step(scale, tracker, found, gf=2.0, bf=0.5, gi=2000):
+    f = jax.jit(
+        lambda s, t, x: _ascend.update_scale_test_binding(
+            s, t, x, growth_factor=gf, backoff_factor=bf, growth_interval=gi
+        )
+    )
+    return f(scale, tracker, found)
+
+
+def state(dtype, value=1024.0, tracker=0, shape=(1,)):
+    return jnp.full(shape, value, dtype), jnp.full(shape, tracker, jnp.int32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_descriptors_arguments_and_attributes(cann, dtype):
+    s, t = state(dtype, 8.0, tracker=6)
+    new_s, new_t = step(s, t, False, gf=1.1, bf=0.3, gi=7)
+    want_s, want_t = amp_update_scale(
+        s, t, False, growth_factor=1.1, backoff_factor=0.3, growth_interval=7, backend="reference"
+    )
+    assert float(new_s[0]) == float(want_s[0]) != 8.0
+    assert int(new_t[0]) == int(want_t[0]) == 0
+
+    log = cann.log()
+    creates = [e for e in log if e["ev"] == "create"]
+    assert len(creates) == 5
+    acl = ACL[jnp.dtype(dtype)]
+    # currentScale, growthTracker, foundInf, updatedScale, updatedGrowthTracker
+    assert [c["dtype"] for c in creates] == [acl, 3, acl, acl, 3]
+    for c in creates:
+        assert c["dims"] == [1] and c["strides"] == [1] and c["storage"] == [1]
+        assert c["offset"] == 0 and c["format"] == 2  # ND, contiguous
+    # In place, as torch_npu calls it: outputs alias the inputs.
+    assert creates[3]["data"] == creates[0]["data"]
+    assert creates[4]["data"] == creates[1]["data"]
+    assert len({creates[0]["data"], creates[1]["data"], creates[2]["data"]}) == 3
+
+    (gws,) = [e for e in log if e["ev"] == "gws"]
+    assert gws["args"] == [c["id"] for c in creates]
+    assert gws["gf"] == 1.1 and gws["bf"] == 0.3 and gws["gi"] == 7  # exact doubles
+    assert gws["lib"] == "libopapi_math.so"
+    (run,) = [e for e in log if e["ev"] == "run"]
+    assert run["stream"] == 0 and run["exec"] == gws["exec"] and run["status"] == 0
+    destroyed = [e["id"] for e in log if e["ev"] == "destroy"]
+    assert sorted(destroyed) == sorted(c["id"] for c in creates)
+    assert cann.stats()["live_tensors"] == 0 and cann.stats()["live_execs"] == 0
+
+
+def test_two_phase_order(cann):
+    s, t = state(jnp.float32)
+    for found in (False, True, False):
+        s, t = step(s, t, found)
+    evs = [e["ev"] for e in cann.log()]
+    one = ["create"] * 5 + ["gws", "run"] + ["destroy"] * 5
+    assert evs == one * 3
+
+
+@pytest.mark.parametrize(
+    ("found", "dtype_seen"),
+    [(True, None), (np.float32(np.nan), None), (jnp.int32(3), None), (0.0, None)],
+)
+def test_found_inf_converted_to_scale_dtype(cann, found, dtype_seen):
+    s, t = state(jnp.bfloat16, 64.0, tracker=5)
+    new_s, new_t = step(s, t, found)
+    creates = [e for e in cann.log() if e["ev"] == "create"]
+    assert creates[2]["dtype"] == 27  # foundInf has the scale's dtype
+    if bool(np.asarray(found != 0)):
+        assert float(new_s[0]) == 32.0 and int(new_t[0]) == 0
+    else:
+        assert float(new_s[0]) == 64.0 and int(new_t[0]) == 6
+
+
+def test_workspace_zero_is_not_allocated(cann):
+    cann.set_workspace_size(0)
+    s, t = state(jnp.float16)
+    step(s, t, False)
+    log = cann.log()
+    assert not [e for e in log if e["ev"] == "malloc"]
+    (run,) = [e for e in log if e["ev"] == "run"]
+    assert run["ws"] == 0 and run["ws_ptr"] == 0
+    assert _ascend.native().workspaces() == []
+
+
+def test_workspace_of_several_mib_is_honoured_reused_grown_and_released(cann):
+    cann.set_workspace_size(3 * MiB)
+    s, t = state(jnp.float32)
+    for _ in range(3):
+        s, t = step(s, t, False)
+    log = cann.log()
+    mallocs = [e for e in log if e["ev"] == "malloc"]
+    assert len(mallocs) == 1 and mallocs[0]["size"] == 3 * MiB  # reused, not per step
+    runs = [e for e in log if e["ev"] == "run"]
+    assert all(r["ws"] == 3 * MiB and r["ws_ptr"] == mallocs[0]["ptr"] for r in runs)
+    assert all(r["status"] == 0 for r in runs)  # the double wrote all 3 MiB of it
+    assert _ascend.native().workspaces() == [(0, 0, 3 * MiB)]
+
+    cann.set_workspace_size(5 * MiB)  # grows to at least twice the old size
+    step(s, t, False)
+    mallocs = [e for e in cann.log() if e["ev"] == "malloc"]
+    assert [m["size"] for m in mallocs] == [3 * MiB, 6 * MiB]
+    # The old buffer may still be read by a launched kernel: retired, not freed.
+    assert not [e for e in cann.log() if e["ev"] == "free"]
+    assert _ascend.native().retired_workspaces() == 1
+    assert cann.stats()["live_allocs"] == 2
+
+    _ascend.native().release_workspaces()
+    frees = [e for e in cann.log() if e["ev"] == "free"]
+    assert sorted(f["ptr"] for f in frees) == sorted(m["ptr"] for m in mallocs)
+    assert all(f["status"] == 0 for f in frees)
+    assert cann.stats()["live_allocs"] == 0
+
+
+def test_no_descriptor_leaked_after_10000_calls(cann):
+    cann.logging(False)
+    cann.set_workspace_size(MiB)
+    before = cann.stats()
+    n = 10_000
+
+    def body(_, st):
+        s, t = st
+        return _ascend.update_scale_test_binding(
+            s, t, t[0] % 7 == 3, growth_factor=2.0, backoff_factor=0.5, growth_interval=5
+        )
+
+    def ref_body(_, st):
+        s, t = st
+        return amp_update_scale(
+            s,
+            t,
+            t[0] % 7 == 3,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            growth_interval=5,
+            backend="reference",
+        )
+
+    init = state(jnp.float16, 1.0)
+    got = jax.jit(lambda st: jax.lax.fori_loop(0, n, body, st))(init)
+    want = jax.jit(lambda st: jax.lax.fori_loop(0, n, ref_body, st))(init)
+    after = cann.stats()
+    assert after["gws_calls"] - before["gws_calls"] == n
+    assert after["run_calls"] - before["run_calls"] == n
+    assert after["created"] - before["created"] == 5 * n
+    assert after["destroyed"] - before["destroyed"] == 5 * n
+    assert after["live_tensors"] == 0 and after["live_execs"] == 0
+    assert after["total_allocs"] - before["total_allocs"] == 1  # one workspace for all
+    assert after["bad_calls"] == 0
+    np.testing.assert_array_equal(
+        np.asarray(got[0]).view(np.uint16), np.asarray(want[0]).view(np.uint16)
+    )
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+
+
+ERRORS = [
+    (161001, "ACLNN_ERR_PARAM_NULLPTR"),
+    (161002, "ACLNN_ERR_PARAM_INVALID"),
+    (361001, "ACLNN_ERR_RUNTIME_ERROR"),
+    (561000, "ACLNN_ERR_INNER"),
+    (561002, "ACLNN_ERR_INNER_TILING_ERROR"),
+]
+
+
+@pytest.mark.parametrize("api", ["aclnnAmpUpdateScaleGetWorkspaceSize", "aclnnAmpUpdateScale"])
+@pytest.mark.parametrize(("status", "name"), ERRORS)
+def test_every_error_status_is_surfaced_with_its_message(cann, api, status, name):
+    cann.set_workspace_size(4096)
+    cann.fail(api, status, f"injected {status} by the double")
+    s, t = state(jnp.float32)
+    with pytest.raises(Exception, match=f"{api} failed with status {status}") as info:
+        jax.block_until_ready(step(s, t, False))
+    msg = str(info.value)
+    assert name in msg and f"injected {status} by the double" in msg
+    stats = cann.stats()
+    assert stats["live_tensors"] == 0 and stats["live_execs"] == 0
+    runs = [e for e in cann.log() if e["ev"] == "run"]
+    assert len(runs) == (1 if api == "aclnnAmpUpdateScale" else 0)
+
+
+def test_workspace_allocation_failure_frees_the_executor(cann):
+    cann.set_workspace_size(2 * MiB)
+    cann.fail("aclrtMalloc", 207001, "out of device memory (double)")
+    s, t = state(jnp.float32)
+    with pytest.raises(Exception, match=r"aclrtMalloc.*207001.*out of device memory"):
+        jax.block_until_ready(step(s, t, False))
+    assert [e["ev"] for e in cann.log() if e["ev"] in ("gws", "destroy_exec", "run")] == [
+        "gws",
+        "destroy_exec",
+    ]
+    assert cann.stats()["live_execs"] == 0 and cann.stats()["live_tensors"] == 0
+
+
+def test_descriptor_creation_failure(cann):
+    cann.fail("aclCreateTensor", 1, "no descriptors today")
+    s, t = state(jnp.float32)
+    with pytest.raises(Exception, match=r"aclCreateTensor failed for currentScale.*no descriptors"):
+        jax.block_until_ready(step(s, t, False))
+    assert cann.stats()["live_tensors"] == 0
+
+
+def test_vmapped_batch_is_one_operator_call_per_element(cann):
+    scales = jnp.asarray([[1.0], [2.0], [4.0]], jnp.float16)
+    trackers = jnp.asarray([[0], [1], [1]], jnp.int32)
+    found = jnp.asarray([False, False, True])
+    f = jax.jit(jax.vmap(lambda s, t, x: step(s, t, x, gi=2)))
+    new_s, new_t = f(scales, trackers, found)
+    np.testing.assert_array_equal(np.asarray(new_s, np.float32).ravel(), [1.0, 4.0, 2.0])
+    np.testing.assert_array_equal(np.asarray(new_t).ravel(), [1, 0, 0])
+    log = cann.log()
+    assert len([e for e in log if e["ev"] == "gws"]) == 3
+    creates = [e for e in log if e["ev"] == "create"]
+    base = creates[0]["data"]
+    assert [c["data"] - base for c in creates[0::5]] == [0, 2, 4]  # element i of the batch
+
+
+def _bits(x):
+    x = np.asarray(x)
+    return x.view(np.uint32 if x.dtype.itemsize == 4 else np.uint16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("gf", "bf"), [(2.0, 0.5), (1.1, 0.3), (65536.0, 1e-3)])
+def test_bit_for_bit_equal_to_the_reference_lowering(cann, dtype, gf, bf):
+    rng = np.random.default_rng(zlib.crc32(f"{jnp.dtype(dtype).name}{gf}".encode()))
+    n, gi = 3000, 4
+    finfo = jnp.finfo(dtype)
+    special = np.array(
+        [
+            0.0,
+            -0.0,
+            float(finfo.max),
+            float(finfo.tiny),
+            float(finfo.smallest_subnormal),
+            np.inf,
+            -np.inf,
+            1.0,
+            -1.0,
+            3.0,
+            float(finfo.max) / 2,
+            1e-30,
+            7e4,
+            3e38,
+        ],
+        np.float32,
+    )
+    values = np.concatenate(
+        [
+            special,
+            np.exp(rng.uniform(-87, 88, n)).astype(np.float32) * rng.choice([-1, 1], n),
+        ]
+    )
+    with np.errstate(over="ignore"):  # values beyond float16's range become inf
+        scales = jnp.asarray(values, dtype)[:, None]
+    m = scales.shape[0]
+    trackers = jnp.asarray(rng.choice([0, gi - 1, gi - 2, gi, 2**31 - 1, -5], m), jnp.int32)[
+        :, None
+    ]
+    found = jnp.asarray(rng.choice([0.0, 1.0, np.nan, -0.0, np.inf, -2.0], m), jnp.float32)
+
+    def ours(s, t, x):
+        return _ascend.update_scale_test_binding(
+            s, t, x, growth_factor=gf, backoff_factor=bf, growth_interval=gi
+        )
+
+    def ref(s, t, x):
+        return amp_update_scale(
+            s,
+            t,
+            x,
+            growth_factor=gf,
+            backoff_factor=bf,
+            growth_interval=gi,
+            backend="reference",
+        )
+
+    cann.logging(False)
+    got_s, got_t = jax.jit(jax.vmap(ours))(scales, trackers, found)
+    want_s, want_t = jax.jit(jax.vmap(ref))(scales, trackers, found)
+    np.testing.assert_array_equal(_bits(got_s), _bits(want_s))
+    np.testing.assert_array_equal(np.asarray(got_t), np.asarray(want_t))
+    assert cann.stats()["gws_calls"] >= m
+
+
+_TWO_DEVICES = """
+import json
+import jax, jax.numpy as jnp
+from jax_amp_scale import _ascend
+from tests.cann_double import control
+import ctypes, os
+core = ctypes.CDLL(os.environ["CD_CORE"])
+core.cd_set_workspace_size(ctypes.c_uint64(1 << 20))
+f = jax.jit(lambda s, t: _ascend.update_scale_test_binding(
+    s, t, False, growth_factor=2.0, backoff_factor=0.5, growth_interval=9))
+for d in jax.devices()[:2]:
+    s = jax.device_put(jnp.ones((1,), jnp.float32), d)
+    t = jax.device_put(jnp.zeros((1,), jnp.int32), d)
+    for _ in range(3):
+        s, t = f(s, t)
+    jax.block_until_ready(s)
+print(json.dumps(sorted(_ascend.native().workspaces())))
+"""
+
+
+def test_workspace_is_cached_per_device(double, monkeypatch):
+    control.use(monkeypatch, double, "full")
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+        "CD_CORE": str(double.root / "core" / "libcann_double.so"),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", _TWO_DEVICES],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(Path(__file__).resolve().parent.parent),
+        check=True,
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    # One buffer per device (null stream on CPU), reused across the steps.
+    assert got == [[0, 0, 1 << 20], [1, 0, 1 << 20]]

@@ -1,0 +1,156 @@
+"""Finding CANN at run time: search order, override, absent libraries and symbols.
+
+dlopen of a bare soname also matches a library this process already loaded,
+so each search runs in a fresh interpreter (`_load_in_subprocess`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jax_amp_scale import _ascend
+from tests.cann_double import control
+
+
+@pytest.fixture(scope="module")
+def double(tmp_path_factory):
+    return control.shared(tmp_path_factory)
+
+
+@pytest.fixture(autouse=True)
+def _forget():
+    yield
+    _ascend.native().forget_cann_for_tests()
+
+
+_SCRIPT = """
+import json
+from jax_amp_scale import _ascend
+try:
+    print(json.dumps({"ok": _ascend.load_cann()}))
+except _ascend.CannLoadError as e:
+    print(json.dumps({"error": str(e)}))
+"""
+
+
+def _load_in_subprocess(monkeypatch, **env):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    out = subprocess.run(
+        [sys.executable, "-c", _SCRIPT],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ),
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if "error" in result:
+        raise _ascend.CannLoadError(result["error"])
+    return result["ok"]
+
+
+def _run_once():
+    s, t = jnp.ones((1,), jnp.float32), jnp.zeros((1,), jnp.int32)
+    f = jax.jit(
+        lambda s, t: _ascend.update_scale_test_binding(
+            s, t, False, growth_factor=2.0, backoff_factor=0.5, growth_interval=10
+        )
+    )
+    return jax.block_until_ready(f(s, t))
+
+
+def test_math_library_is_preferred(double, monkeypatch):
+    control.use(monkeypatch, double, "full")
+    home = double.home("full")
+    paths = _ascend.load_cann()
+    assert paths == {
+        "opapi": f"{home}/lib64/libopapi_math.so",
+        "nnopbase": f"{home}/lib64/libnnopbase.so",
+        "ascendcl": f"{home}/lib64/libascendcl.so",
+    }
+    _run_once()
+    assert {e["lib"] for e in double.log() if e["ev"] in ("gws", "run")} == {"libopapi_math.so"}
+
+
+def test_older_cann_falls_back_to_libopapi(double, monkeypatch):
+    control.use(monkeypatch, double, "legacy")
+    home = double.home("legacy")
+    assert _load_in_subprocess(monkeypatch)["opapi"] == f"{home}/lib64/libopapi.so"
+
+
+def test_math_library_without_the_operator_is_skipped(double, monkeypatch):
+    control.use(monkeypatch, double, "no_op")
+    home = double.home("no_op")
+    assert _load_in_subprocess(monkeypatch)["opapi"] == f"{home}/lib64/libopapi.so"
+
+
+def test_toolkit_home_is_searched(double, monkeypatch):
+    control.use(monkeypatch, double, "full")
+    monkeypatch.delenv("ASCEND_HOME_PATH")
+    home = double.home("legacy")
+    got = _load_in_subprocess(monkeypatch, ASCEND_TOOLKIT_HOME=str(home))
+    assert got["opapi"] == f"{home}/lib64/libopapi.so"
+
+
+def test_override_variable_wins(double, monkeypatch):
+    control.use(monkeypatch, double, "full")
+    path = str(double.root / "legacy" / "libopapi.so")
+    assert _load_in_subprocess(monkeypatch, JAX_AMP_SCALE_CANN_OPAPI=path)["opapi"] == path
+
+
+def test_override_without_the_symbols_names_them(double, monkeypatch):
+    control.use(monkeypatch, double, "full")
+    path = str(double.root / "no_op" / "libopapi_math.so")
+    with pytest.raises(_ascend.CannLoadError) as info:
+        _load_in_subprocess(monkeypatch, JAX_AMP_SCALE_CANN_OPAPI=path)
+    msg = str(info.value)
+    assert path in msg and "JAX_AMP_SCALE_CANN_OPAPI is set" in msg
+    assert "lacks symbol(s) aclnnAmpUpdateScaleGetWorkspaceSize, aclnnAmpUpdateScale" in msg
+
+
+def test_absent_libraries_list_every_path_searched(double, monkeypatch):
+    control.use(monkeypatch, double, "missing")
+    monkeypatch.setenv("ASCEND_TOOLKIT_HOME", "/nonexistent/toolkit")
+    home = double.home("missing")
+    with pytest.raises(_ascend.CannLoadError) as info:
+        _load_in_subprocess(monkeypatch)
+    msg = str(info.value)
+    for path in (
+        f"{home}/lib64/libopapi_math.so",
+        "/nonexistent/toolkit/lib64/libopapi_math.so",
+        "\n  libopapi_math.so:",  # the loader's own search path
+        f"{home}/lib64/libopapi.so",
+        "/nonexistent/toolkit/lib64/libopapi.so",
+        "\n  libopapi.so:",
+    ):
+        assert path in msg
+    assert msg.index("libopapi_math.so") < msg.index("lib64/libopapi.so")
+    assert "ASCEND_HOME_PATH" in msg and "JAX_AMP_SCALE_CANN_OPAPI" in msg
+    # The jitted call fails with the same explanation, not a crash.  (In this
+    # process no math library is loaded under the "missing" home unless an
+    # earlier test loaded one: the override makes the search fail for sure.)
+    monkeypatch.setenv("JAX_AMP_SCALE_CANN_OPAPI", f"{home}/lib64/libopapi_math.so")
+    _ascend.native().forget_cann_for_tests()
+    with pytest.raises(Exception, match="cannot load CANN"):
+        _run_once()
+
+
+def test_nothing_set_and_nothing_installed(monkeypatch):
+    for var in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "JAX_AMP_SCALE_CANN_OPAPI"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(_ascend.CannLoadError, match="aclnnAmpUpdateScale not found; searched:"):
+        _load_in_subprocess(monkeypatch)
+
+
+def test_import_needs_no_cann():
+    # The package and the Ascend module import without CANN; only a call loads it.
+    import jax_amp_scale._native_ascend as mod
+
+    assert "jas_update_scale" in mod.registrations()

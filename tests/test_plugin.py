@@ -1,0 +1,220 @@
+"""jax_amp_scale.plugin: registering handlers on PJRT plugin platforms.
+
+Against a fake PJRT plugin (tests/pjrt_double/fake_pjrt.c) for every branch
+of the registrar, and against the real jax CUDA PJRT plugin binary
+(``jax-cuda12-pjrt``, a test extra), which loads without a GPU.  Registration
+is process-global and cannot be undone, so each scenario runs in a fresh
+interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def _run(script: str, **env: str) -> dict:
+    full_env = {**os.environ, **env}
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=str(HERE.parent),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def fake_plugin(tmp_path_factory) -> Path:
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the fake PJRT plugin")
+    out = tmp_path_factory.mktemp("pjrt") / "fake_pjrt.so"
+    subprocess.run(
+        [
+            cc,
+            "-std=gnu11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-shared",
+            "-fPIC",
+            "-fvisibility=hidden",
+            str(HERE / "pjrt_double" / "fake_pjrt.c"),
+            "-o",
+            str(out),
+        ],
+        check=True,
+    )
+    return out
+
+
+_FAKE = """
+import ctypes, json, os
+from jax_amp_scale import plugin, _ffi, _ascend
+path = os.environ["FAKE_PJRT"]
+out = {}
+try:
+    out["route"] = plugin.register(platform="ascend", library_path=path)
+    out["again"] = plugin.register(platform="ascend", library_path=path)
+    out["platforms"] = sorted(_ffi.platforms())
+except plugin.PluginRegistrationError as e:
+    out["error"] = str(e)
+lib = ctypes.CDLL(path)
+lib.fake_pjrt_log.restype = ctypes.c_char_p
+out["log"] = lib.fake_pjrt_log().decode().splitlines()
+print(json.dumps(out))
+"""
+
+
+def test_newer_layout_registers_once_and_marks_the_platform(fake_plugin):
+    out = _run(_FAKE, FAKE_PJRT=str(fake_plugin), FAKE_PJRT_MODE="typed")
+    assert out["route"] == "pjrt" and out["again"] == "pjrt"
+    assert "ascend" in out["platforms"]
+    (line,) = out["log"]  # idempotent: the plugin was called once
+    layout, target, platform, version, _ = line.split()
+    assert (layout, target, platform, version) == ("typed", "jas_update_scale", "ascend", "-1")
+
+
+def test_older_layout_with_api_version_is_detected(fake_plugin):
+    out = _run(_FAKE, FAKE_PJRT=str(fake_plugin), FAKE_PJRT_MODE="versioned")
+    assert out["route"] == "pjrt-versioned"
+    (line,) = out["log"]
+    layout, target, platform, version, _ = line.split()
+    assert (layout, target, platform, version) == ("versioned", "jas_update_scale", "ascend", "1")
+
+
+@pytest.mark.parametrize(
+    ("mode", "message"),
+    [
+        ("no_ffi", "has no FFI extension"),
+        ("ffi_v1", "unknown PJRT FFI extension version: struct_size 40"),
+        ("error", r"register_handler failed .*error code 6.*already registered"),
+        ("major1", "unknown PJRT C API major version 1"),
+    ],
+)
+def test_clear_failures(fake_plugin, mode, message):
+    out = _run(_FAKE, FAKE_PJRT=str(fake_plugin), FAKE_PJRT_MODE=mode)
+    assert re.search(message, out["error"]), out["error"]
+    assert out["log"] == []
+
+
+def test_a_library_that_is_not_a_pjrt_plugin(tmp_path):
+    import jax_amp_scale._native_plugin as native
+
+    from jax_amp_scale import plugin
+
+    lib = Path(native.__file__)  # a shared library without GetPjrtApi
+    with pytest.raises(plugin.PluginRegistrationError, match=r"is not a PJRT plugin.*GetPjrtApi"):
+        plugin.register(platform="ascend", library_path=lib)
+    with pytest.raises(plugin.PluginRegistrationError, match="cannot open PJRT plugin library"):
+        plugin.register(platform="ascend", library_path=tmp_path / "absent.so")
+
+
+def test_unknown_platform_without_a_library_path():
+    out = _run(
+        """
+        import json
+        from jax_amp_scale import plugin
+        try:
+            plugin.register(platform="no_such_platform")
+        except plugin.PluginRegistrationError as e:
+            print(json.dumps({"error": str(e)}))
+        """,
+        JAX_PLATFORMS="cpu",
+    )
+    assert "has not loaded a PJRT plugin named 'no_such_platform'" in out["error"]
+    assert "library_path=" in out["error"]
+
+
+# --- the real jax CUDA PJRT plugin -------------------------------------------
+
+
+def _cuda_plugin_path() -> Path | None:
+    spec = importlib.util.find_spec("jax_plugins.xla_cuda12")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "xla_cuda_plugin.so"
+    return path if path.exists() else None
+
+
+CUDA_PLUGIN = _cuda_plugin_path()
+needs_cuda_wheel = pytest.mark.skipif(
+    CUDA_PLUGIN is None,
+    reason="jax-cuda12-pjrt (the test extra) is not installed: no real PJRT plugin binary",
+)
+
+_REAL = """
+import json, os
+import jax
+from jax_amp_scale import plugin, _ffi, _native_cpu, _native_plugin
+path = os.environ["CUDA_PLUGIN"]
+out = {}
+api = _native_plugin.api_from_library(path)
+out["extensions"] = _native_plugin.extensions(api)
+out["route"] = plugin.register(platform="ascend", library_path=path)
+out["again"] = plugin.register(platform="ascend", library_path=path)
+out["platforms"] = sorted(_ffi.platforms())
+try:
+    plugin.register(platform="ascend", library_path=path,
+                    handler=_native_cpu.registrations()["jas_update_scale"])
+except plugin.PluginRegistrationError as e:
+    out["conflict"] = str(e)
+# The plugin JAX itself loaded (JAX_PLATFORMS=cpu keeps it from initialising
+# CUDA): found without a path, and it is the same PJRT_Api.
+from jax._src import xla_bridge as xb
+xb._discover_and_register_pjrt_plugins()
+out["jax_loaded_same_api"] = (
+    plugin._api_of_loaded_plugin("cuda") == api
+)
+out["loaded_route"] = plugin.register(
+    platform="cuda", registry_platform="ascend_via_cuda_test",
+    handler=_native_cpu.registrations()["jas_update_scale"])
+out["routes"] = plugin.registrations()
+print(json.dumps(out))
+"""
+
+
+@needs_cuda_wheel
+def test_real_cuda_pjrt_plugin_registration():
+    out = _run(_REAL, CUDA_PLUGIN=str(CUDA_PLUGIN), JAX_PLATFORMS="cpu")
+    assert [5, 48] in out["extensions"]  # the FFI extension, with register_handler
+    assert out["route"] == "pjrt" and out["again"] == "pjrt"
+    assert "ascend" in out["platforms"]
+    assert "conflicting registration" in out["conflict"]
+    assert "'jas_update_scale'" in out["conflict"] and "'ascend'" in out["conflict"]
+    assert out["jax_loaded_same_api"] is True
+    assert out["loaded_route"] == "pjrt"
+    assert out["routes"] == {"ascend": "pjrt", "cuda": "pjrt"}
+
+
+@needs_cuda_wheel
+def test_automatic_registration_when_jax_discovers_the_plugin():
+    if importlib.util.find_spec("jax_amp_scale._native_cuda") is None:
+        pytest.skip("the CUDA handler was not built here (no CUDA compiler)")
+    out = _run(
+        """
+        import json
+        import jax
+        import jax_amp_scale  # only the import: no explicit register()
+        jax.devices()  # plugin discovery
+        from jax_amp_scale import plugin, _ffi
+        print(json.dumps({"routes": plugin.registrations(), "errors": _ffi.load_errors()}))
+        """,
+        JAX_PLATFORMS="cpu",
+        JAX_AMP_SCALE_PLUGIN_PLATFORMS="cuda",
+    )
+    assert out["routes"] == {"cuda": "pjrt"}, out["errors"]
