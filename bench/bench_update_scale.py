@@ -1,4 +1,4 @@
-"""The operator itself: reference lowering vs FFI custom call, side by side.
+"""Workload 4, the operator itself: reference lowering vs FFI custom call, side by side.
 
 Workloads (each timed interleaved in one process, medians of --reps runs):
   scan      update_scale in a jitted lax.scan of --steps steps
@@ -16,10 +16,8 @@ Prints per-step costs and ratios; the scan/vmap ratios decide "auto"
 from __future__ import annotations
 
 import argparse
-import platform
-import statistics
-import time
-from collections.abc import Callable
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -27,22 +25,9 @@ import numpy as np
 
 import jax_amp_scale as jas
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def timeit(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - t0
-
-
-def interleaved(cands: dict[str, Callable[[], object]], reps: int) -> dict[str, list[float]]:
-    for fn in cands.values():  # compile + warm up
-        jax.block_until_ready(fn())
-        jax.block_until_ready(fn())
-    times: dict[str, list[float]] = {k: [] for k in cands}
-    for _ in range(reps):
-        for k, fn in cands.items():
-            times[k].append(timeit(fn))
-    return times
+import _harness
 
 
 def scan_fn(backend: str, steps: int, population: int | None):
@@ -65,7 +50,7 @@ def scan_fn(backend: str, steps: int, population: int | None):
         return jax.lax.scan(vbody, sts, found)[0].scale
 
     f = jax.jit(run)
-    return lambda: f(found)
+    return lambda: jax.block_until_ready(f(found))
 
 
 def mlp_fn(backend: str | None, width: int, batch: int):
@@ -93,55 +78,78 @@ def mlp_fn(backend: str | None, width: int, batch: int):
         return p, st
 
     st = jas.init_scale_state(2.0**10)
-    return lambda: step(params, st)
+    return lambda: jax.block_until_ready(step(params, st))
 
 
-def report(title: str, times: dict[str, list[float]], per: int, base: str) -> None:
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"\n## {title}")
-    print(f"| candidate | median us/step | min | max | ratio to {base} |")
-    print("|---|---|---|---|---|")
-    for k, v in times.items():
-        print(
-            f"| {k} | {med[k] / per * 1e6:.3f} | {min(v) / per * 1e6:.3f} | "
-            f"{max(v) / per * 1e6:.3f} | {med[k] / med[base]:.3f} |"
-        )
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def main(argv: list[str] | None = None) -> list[_harness.Table]:
+    ap = _harness.parser(__doc__.splitlines()[0], reps=7)
+    ap.formatter_class = argparse.RawTextHelpFormatter
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--population", type=int, default=1024)
-    ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--tiny", action="store_true", help="smoke-test sizes")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.tiny:
         args.steps, args.population, args.reps, args.width, args.batch = 100, 8, 2, 16, 8
-
-    print(
-        f"# bench_update_scale on {platform.processor() or platform.machine()}, "
-        f"{jax.devices()[0].device_kind}, jax {jax.__version__}, "
-        f"jax_amp_scale {jas.__version__}, backends {jas.available_backends()}"
-    )
+        args.warmup = 1
     backends = list(jas.available_backends())
+    auto = jas.auto_backend()
+    common = dict(unit="us", reps=args.reps, warmup=args.warmup)
+    tables = []
 
-    t = interleaved({b: scan_fn(b, args.steps, None) for b in backends}, args.reps)
-    report(f"lax.scan of {args.steps} steps, one state", t, args.steps, "reference")
+    def per_step(rows, n):
+        for r in rows:
+            r.times = [t / n for t in r.times]
+        return rows
 
-    t = interleaved({b: scan_fn(b, args.steps // 10, args.population) for b in backends}, args.reps)
-    report(
-        f"lax.scan of {args.steps // 10} steps, vmap over {args.population} states",
-        t,
-        args.steps // 10,
-        "reference",
+    rows = _harness.measure(
+        {b: scan_fn(b, args.steps, None) for b in backends},
+        baseline="reference",
+        reps=args.reps,
+        warmup=args.warmup,
     )
-
+    tables.append(
+        _harness.Table(
+            workload="4. The operator",
+            title=f"update_scale in a jitted lax.scan of {args.steps} steps, one state (per step)",
+            baseline="reference",
+            rows=per_step(rows, args.steps),
+            notes=[f'"auto" picks {auto!r} on {jax.default_backend()}.'],
+            **common,
+        )
+    )
+    n = max(args.steps // 10, 1)
+    rows = _harness.measure(
+        {b: scan_fn(b, n, args.population) for b in backends},
+        baseline="reference",
+        reps=args.reps,
+        warmup=args.warmup,
+    )
+    tables.append(
+        _harness.Table(
+            workload="4. The operator",
+            title=f"lax.scan of {n} steps, vmap over {args.population} states (per step)",
+            baseline="reference",
+            rows=per_step(rows, n),
+            **common,
+        )
+    )
     cands = {"plain step": mlp_fn(None, args.width, args.batch)}
     cands.update({f"step + update_scale({b})": mlp_fn(b, args.width, args.batch) for b in backends})
-    t = interleaved(cands, args.reps * 3)
-    report(f"MLP training step (width {args.width}, batch {args.batch})", t, 1, "plain step")
+    rows = _harness.measure(cands, baseline="plain step", reps=args.reps * 3, warmup=args.warmup)
+    tables.append(
+        _harness.Table(
+            workload="4. The operator",
+            title=f"small MLP training step (width {args.width}, batch {args.batch})",
+            baseline="plain step",
+            rows=rows,
+            unit="us",
+            reps=args.reps * 3,
+            warmup=args.warmup,
+        )
+    )
+    _harness.finish(args, tables)
+    return tables
 
 
 if __name__ == "__main__":

@@ -78,6 +78,40 @@ def get_loss_scaled_state(opt_state: Any) -> LossScaledState:
     return found[0]
 
 
+def _strong(tree: Any) -> Any:
+    # Weak-typed leaves would make the two cond branches' types differ.
+    return jax.tree_util.tree_map(
+        lambda x: jax.lax.convert_element_type(x, jnp.result_type(x)), tree
+    )
+
+
+def _update_unless(
+    found: jax.Array,
+    inner: optax.GradientTransformationExtraArgs,
+    grads: Any,
+    inner_state: Any,
+    params: Any,
+    extra_args: dict[str, Any],
+) -> tuple[Any, Any]:
+    """inner.update(...), or (zero updates, inner_state unchanged) when `found`."""
+
+    def apply(operands: tuple[Any, Any]) -> tuple[Any, Any]:
+        g, st = operands
+        return _strong(inner.update(g, st, params, **extra_args))
+
+    out = jax.eval_shape(apply, (grads, inner_state))
+
+    def skip(operands: tuple[Any, Any]) -> tuple[Any, Any]:
+        _, st = operands
+        zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), out[0])
+        kept = jax.tree_util.tree_map(
+            lambda old, s: jax.lax.convert_element_type(old, s.dtype), st, out[1]
+        )
+        return zeros, kept
+
+    return jax.lax.cond(found, skip, apply, (grads, inner_state))
+
+
 def loss_scaled(
     inner: optax.GradientTransformation,
     scale: Any = None,
@@ -141,18 +175,18 @@ def loss_scaled(
         grads, found = state.scale.unscale_and_check(updates)
         found = _scaling._or_across(found, axis_name)
         new_scale = state.scale.adjust(found, backend=backend)
-        new_updates, new_inner = inner.update(grads, state.inner_state, params, **extra_args)
         skipped = state.skipped_steps
         if drop:
-            new_updates = jax.tree_util.tree_map(
-                lambda u: jnp.where(found, jnp.zeros_like(u), u), new_updates
-            )
-            new_inner = jax.tree_util.tree_map(
-                lambda old, new: jnp.where(found, old, new).astype(jnp.result_type(new)),
-                state.inner_state,
-                new_inner,
+            # One lax.cond rather than a select per leaf: a per-leaf where makes
+            # XLA recompute the flag in every leaf's kernel, so the program (and
+            # compile time) grew with the square of the leaf count
+            # (bench/RESULTS.md); cond also skips the inner update's work.
+            new_updates, new_inner = _update_unless(
+                found, inner, grads, state.inner_state, params, extra_args
             )
             skipped = skipped + found.astype(jnp.int32)
+        else:
+            new_updates, new_inner = inner.update(grads, state.inner_state, params, **extra_args)
         return new_updates, LossScaledState(
             scale=new_scale,
             inner_state=new_inner,

@@ -1,0 +1,156 @@
+"""The training step written with each library, for workloads 1 and 3.
+
+Each builder takes ``loss_fn(params, batch) -> float32 scalar`` (params are
+the float32 master weights; `loss_fn` casts them to the compute dtype
+itself), the initial float32 ``params`` and an optax optimizer, and returns
+``(carry, step)`` with ``step(carry, batch) -> carry`` ready to ``jax.jit``.
+The carry holds everything that changes between steps.
+
+Every scaled variant does the same work a user's step does: scale the loss,
+differentiate, unscale, check for inf/NaN, skip the update on overflow and
+adjust the scale.  The optimizer and the model are the same for all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+PyTree = Any
+LossFn = Callable[[PyTree, Any], jax.Array]
+Builder = Callable[[LossFn, PyTree, optax.GradientTransformation], tuple[Any, Callable]]
+
+INIT_SCALE = 2.0**15
+
+
+def plain(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
+    """No loss scaling at all: the floor every scaled step is compared to."""
+
+    def step(carry, batch):
+        params, opt_state = carry
+        grads = jax.grad(loss_fn)(params, batch)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    return (params, opt.init(params)), step
+
+
+def ours(backend: str) -> Builder:
+    """`jax_amp_scale.optax.loss_scaled` with `backend`, skipping overflowed steps."""
+
+    def build(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
+        import jax_amp_scale as jas
+        from jax_amp_scale import optax as jas_optax
+
+        tx = jas_optax.loss_scaled(
+            opt,
+            scale=jas.init_scale_state(INIT_SCALE),
+            drop_overflow_update=True,
+            backend=backend,
+        )
+
+        def step(carry, batch):
+            params, opt_state = carry
+            grads = jax.grad(lambda p: jas.scale_loss(loss_fn(p, batch), opt_state))(params)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        return (params, tx.init(params)), step
+
+    return build
+
+
+def jmp_dynamic(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
+    """jmp's documented pattern: DynamicLossScale, all_finite, select_tree."""
+    import jmp
+
+    loss_scale = jmp.DynamicLossScale(jnp.float32(INIT_SCALE))
+
+    def step(carry, batch):
+        params, opt_state, loss_scale = carry
+        grads = jax.grad(lambda p: loss_scale.scale(loss_fn(p, batch)))(params)
+        grads = loss_scale.unscale(grads)
+        finite = jmp.all_finite(grads)
+        loss_scale = loss_scale.adjust(finite)
+        updates, new_opt_state = opt.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        params, opt_state = jmp.select_tree(
+            finite, (new_params, new_opt_state), (params, opt_state)
+        )
+        return params, opt_state, loss_scale
+
+    return (params, opt.init(params), loss_scale), step
+
+
+def flax_dynamic(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
+    """flax's documented pattern: DynamicScale.value_and_grad, then a where per leaf."""
+    from flax.training.dynamic_scale import DynamicScale
+
+    ds = DynamicScale(scale=jnp.float32(INIT_SCALE))
+
+    def step(carry, batch):
+        params, opt_state, ds = carry
+        ds, is_fin, _, grads = ds.value_and_grad(loss_fn)(params, batch)
+        updates, new_opt_state = opt.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+
+        def keep(new, old):
+            return jax.tree.map(lambda a, b: jnp.where(is_fin, a, b), new, old)
+
+        return keep(new_params, params), keep(new_opt_state, opt_state), ds
+
+    return (params, opt.init(params), ds), step
+
+
+def optax_if_finite(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
+    """optax has no dynamic scale: a static scale, unscaled by hand, and
+    ``optax.apply_if_finite`` to skip non-finite updates (what an optax user
+    writes)."""
+    tx = optax.apply_if_finite(opt, max_consecutive_errors=5)
+    inv = jnp.float32(1.0 / INIT_SCALE)
+
+    def step(carry, batch):
+        params, opt_state = carry
+        grads = jax.grad(lambda p: loss_fn(p, batch) * INIT_SCALE)(params)
+        grads = jax.tree.map(lambda g: g * inv, grads)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    return (params, tx.init(params)), step
+
+
+def candidates(backends: tuple[str, ...]) -> dict[str, Builder]:
+    """name -> builder, plain first (the baseline)."""
+    out: dict[str, Builder] = {"plain": plain}
+    for b in backends:
+        out[f"ours loss_scaled[{b}]"] = ours(b)
+    out["jmp DynamicLossScale"] = jmp_dynamic
+    out["flax DynamicScale"] = flax_dynamic
+    out["optax apply_if_finite"] = optax_if_finite
+    return out
+
+
+def ours_available() -> str | None:
+    """None when the training API is importable, else why not."""
+    try:
+        import jax_amp_scale as jas
+        from jax_amp_scale import optax as jas_optax
+    except ImportError as e:
+        return f"jax_amp_scale.optax not importable: {e}"
+    for name in ("scale_loss", "unscale_and_check"):
+        if not hasattr(jas, name):
+            return f"jax_amp_scale.{name} missing"
+    if not hasattr(jas_optax, "loss_scaled"):
+        return "jax_amp_scale.optax.loss_scaled missing"
+    return None
+
+
+def backends() -> tuple[str, ...]:
+    """Our backends to measure on this platform: auto and each available one."""
+    import jax_amp_scale as jas
+
+    return ("auto", *jas.available_backends())

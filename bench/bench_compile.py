@@ -1,0 +1,207 @@
+"""Workload 3: time to compile the training step as parameter trees grow.
+
+Parameter trees of 10, 100, 1,000 and 10,000 leaves (float32 vectors of 16
+values, computed in float16), the same step per candidate as workload 1
+(`_steps.py`; of ours only ``backend="auto"``: the backend changes one
+scalar op).  A candidate whose compile, projected from its growth so far,
+would pass ``--budget-s`` is not run at that size and the table says so.  Each sample traces, lowers and compiles a fresh function
+object (nothing cached between samples), split into trace+lower and the XLA
+compile.  Growth is linear when the time per leaf stays flat from 1,000 to
+10,000 leaves; the ratio to the plain step's compile time is paired per
+repetition as everywhere in bench/.
+
+    python bench/bench_compile.py            # full size
+    python bench/bench_compile.py --tiny     # smoke
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import optax
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _harness
+import _steps
+
+LEAF = 16
+
+
+def make_params(n: int) -> dict[str, jax.Array]:
+    return {f"p{i:05d}": jnp.full((LEAF,), 0.01 * (i % 7 + 1), jnp.float32) for i in range(n)}
+
+
+def leafy_loss(params: dict[str, jax.Array], batch: jax.Array) -> jax.Array:
+    """Every leaf takes part in float16 compute; the loss is float32."""
+    x = batch.astype(jnp.float16)
+    total = jnp.float32(0.0)
+    for p in params.values():
+        total = total + jnp.sum(jnp.tanh(p.astype(jnp.float16) * x).astype(jnp.float32))
+    return total
+
+
+def compile_once(builder: _steps.Builder, params, batch) -> tuple[float, float]:
+    """(trace+lower seconds, XLA compile seconds) for a fresh step function."""
+    carry, step = builder(leafy_loss, params, optax.sgd(1e-3, momentum=0.9))
+    leaves, treedef = jax.tree.flatten(carry)
+
+    # A flat signature: some peers' states (jmp) cannot be rebuilt from the
+    # placeholders `lower` passes through their pytree hooks.
+    def flat_step(leaves, batch):
+        return jax.tree.leaves(step(jax.tree.unflatten(treedef, leaves), batch))
+
+    t0 = time.perf_counter()
+    lowered = jax.jit(flat_step).lower(leaves, batch)
+    t1 = time.perf_counter()
+    lowered.compile()
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1
+
+
+def run_case(n: int, builders: dict[str, _steps.Builder], reps: int, warmup: int):
+    params = make_params(n)
+    batch = jnp.linspace(-1.0, 1.0, LEAF, dtype=jnp.float32)
+    split: dict[str, list[tuple[float, float]]] = {k: [] for k in builders}
+
+    def candidate(name):
+        def run():
+            split[name].append(compile_once(builders[name], params, batch))
+
+        return run
+
+    rows = _harness.measure(
+        {k: candidate(k) for k in builders}, baseline="plain", reps=reps, warmup=warmup
+    )
+    for r in rows:
+        timed = split[r.name][warmup:]  # the warm-up samples came first
+        r.extra["lower_s"] = [a for a, _ in timed]
+        r.extra["compile_s"] = [b for _, b in timed]
+    return rows
+
+
+def projected(history: dict[int, float], n: int) -> float | None:
+    """Seconds one compile at `n` leaves would take, from the sizes already run.
+
+    The growth exponent between the two largest sizes run so far (at least
+    1: compile time never grows slower than the tree) carries the last time
+    forward.
+    """
+    sizes = sorted(history)
+    if not sizes:
+        return None
+    last = sizes[-1]
+    k = 1.0
+    if len(sizes) >= 2:
+        prev = sizes[-2]
+        k = max(1.0, math.log(history[last] / history[prev]) / math.log(last / prev))
+    return history[last] * (n / last) ** k
+
+
+def main(argv: list[str] | None = None) -> list[_harness.Table]:
+    p = _harness.parser(__doc__.splitlines()[0], reps=3, warmup=1)
+    p.add_argument(
+        "--leaves",
+        type=int,
+        nargs="+",
+        default=None,
+        help="leaf counts (default 10 100 1000 10000; --tiny: 2 4)",
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=100.0,
+        help="skip a candidate at a size where one compile is projected to take longer "
+        "(from its growth so far; default 100 s)",
+    )
+    p.add_argument(
+        "--reps-large",
+        type=int,
+        default=1,
+        help="repetitions at 100 leaves and above, where one compile takes seconds",
+    )
+    args = p.parse_args(argv)
+    leaf_counts = args.leaves or ((2, 4) if args.tiny else (10, 100, 1000, 10_000))
+    why = _steps.ours_available()
+    # One of ours: the backend changes one scalar op, not how the step compiles.
+    builders = _steps.candidates(("auto",) if why is None else ())
+
+    tables = []
+    per_leaf: dict[str, dict[int, float]] = {k: {} for k in builders}
+    for n in leaf_counts:
+        if args.tiny:
+            reps, warmup = 1, 0
+        elif n >= 100:
+            reps, warmup = args.reps_large, 0
+        else:
+            reps, warmup = args.reps, args.warmup
+        run_now, skipped = {}, []
+        for name, b in builders.items():
+            proj = projected({k: v * k for k, v in per_leaf[name].items()}, n)
+            if proj is not None and proj > args.budget_s:
+                skipped.append(f"{name} (projected {proj:.0f} s)")
+            else:
+                run_now[name] = b
+        if "plain" not in run_now:
+            tables[-1].notes.append(
+                f"{n} leaves not run: even the plain step's compile is projected past "
+                f"--budget-s {args.budget_s:g} s: " + "; ".join(skipped)
+            )
+            break
+        rows = run_case(n, run_now, reps, warmup)
+        for r in rows:
+            per_leaf[r.name][n] = r.median / n
+        split_col = {
+            r.name: "{:.2f} + {:.2f}".format(
+                statistics.median(r.extra["lower_s"]), statistics.median(r.extra["compile_s"])
+            )
+            for r in rows
+        }
+        notes = [] if why is None else [f"ours not measured: {why}"]
+        if skipped:
+            notes.append(
+                f"not run at {n} leaves, one compile projected past --budget-s "
+                f"{args.budget_s:g} s from the growth measured so far: " + "; ".join(skipped)
+            )
+        if warmup == 0:
+            notes.append("no warm-up at this size: every sample is a cold trace+compile anyway")
+        tables.append(
+            _harness.Table(
+                workload="3. Compile time",
+                title=f"training step, {n} parameter leaves",
+                baseline="plain",
+                rows=rows,
+                unit="s",
+                reps=reps,
+                warmup=warmup,
+                notes=notes,
+                columns={"trace+lower + XLA compile (s)": split_col},
+            )
+        )
+    if len(leaf_counts) >= 2:
+        growth = {}
+        for name, d in per_leaf.items():
+            # exponent k in t ~ n**k between consecutive sizes; 1 = linear
+            ks = []
+            for a, b in itertools.pairwise(leaf_counts):
+                if a in d and b in d:
+                    k = math.log((d[b] * b) / (d[a] * a)) / math.log(b / a)
+                    ks.append(f"{a}->{b}: {k:.2f}")
+            growth[name] = ", ".join(ks)
+        for t in tables:
+            t.columns["growth exponent (1 = linear)"] = {
+                r.name: growth.get(r.name, "") for r in t.rows
+            }
+    _harness.finish(args, tables)
+    return tables
+
+
+if __name__ == "__main__":
+    main()

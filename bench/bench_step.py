@@ -1,0 +1,129 @@
+"""Workload 1: step overhead of loss scaling in a jitted MLP training step.
+
+An MLP of about 4.2M parameters (4 dense layers 1024x1024 with biases),
+batch 256, float32 master weights cast to float16 for the matmuls, a float32
+mean-squared-error loss and SGD with momentum.  Every candidate runs the same
+model and optimizer; each is reported as a ratio to the plain step (no
+scaling), from repetitions interleaved in this one process.
+
+    python bench/bench_step.py            # full size
+    python bench/bench_step.py --tiny     # smoke: tiny MLP, one repetition
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _harness
+import _steps
+
+COMPUTE = jnp.float16
+
+
+def init_mlp(key: jax.Array, width: int, depth: int) -> list[dict[str, jax.Array]]:
+    keys = jax.random.split(key, depth)
+    return [
+        {
+            "w": jax.random.normal(k, (width, width), jnp.float32) / np.sqrt(width),
+            "b": jnp.zeros((width,), jnp.float32),
+        }
+        for k in keys
+    ]
+
+
+def mlp_loss(params: list[dict[str, jax.Array]], batch: tuple[jax.Array, jax.Array]) -> jax.Array:
+    """float16 compute, float32 loss; gradients arrive in float32 (the params' dtype)."""
+    x, y = batch
+    h = x.astype(COMPUTE)
+    for i, layer in enumerate(params):
+        h = h @ layer["w"].astype(COMPUTE) + layer["b"].astype(COMPUTE)
+        if i < len(params) - 1:
+            h = jax.nn.relu(h)
+    return jnp.mean(jnp.square(h.astype(jnp.float32) - y))
+
+
+def n_params(params) -> int:
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+
+
+def build(width: int, depth: int, batch: int, steps: dict[str, _steps.Builder]):
+    """name -> (jitted step, initial carry), plus the batch and the param count."""
+    kp, kx, ky = jax.random.split(jax.random.PRNGKey(0), 3)
+    params = init_mlp(kp, width, depth)
+    data = (
+        jax.random.normal(kx, (batch, width), jnp.float32),
+        jax.random.normal(ky, (batch, width), jnp.float32),
+    )
+    opt = optax.sgd(1e-3, momentum=0.9)
+    built = {}
+    for name, builder in steps.items():
+        carry, step = builder(mlp_loss, params, opt)
+        built[name] = (jax.jit(step), carry)
+    return built, data, n_params(params)
+
+
+def runner(step, carry, data):
+    """A candidate for `_harness.measure`: one step, blocking, carry threaded.
+
+    The carry is primed by one step first: a state built from Python numbers
+    (weak types) would otherwise be traced and compiled twice, the second
+    time inside the timed runs.
+    """
+    box = [jax.block_until_ready(step(carry, data))]
+
+    def run():
+        box[0] = jax.block_until_ready(step(box[0], data))
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> list[_harness.Table]:
+    p = _harness.parser(__doc__.splitlines()[0], reps=15)
+    args = p.parse_args(argv)
+    width, depth, batch = (32, 2, 8) if args.tiny else (1024, 4, 256)
+    reps, warmup = (1, 1) if args.tiny else (args.reps, args.warmup)
+
+    notes = []
+    why = _steps.ours_available()
+    backends = _steps.backends() if why is None else ()
+    if why is not None:
+        notes.append(f"our candidates not measured: {why}")
+    built, data, count = build(width, depth, batch, _steps.candidates(backends))
+    cands = {name: runner(step, carry, data) for name, (step, carry) in built.items()}
+    rows = _harness.measure(cands, baseline="plain", reps=reps, warmup=warmup)
+    base = rows[0].median
+    overhead = {r.name: f"{(r.median - base) * 1e3:+.2f}" for r in rows}
+    notes.append(
+        f"{count / 1e6:.2f}M parameters ({depth} x dense {width}x{width} + bias), batch {batch}, "
+        "float16 compute, float32 master weights, optax.sgd(1e-3, momentum=0.9); "
+        "each step jitted, carry threaded, blocked on."
+    )
+    notes.append(
+        "optax apply_if_finite has no dynamic scale: a static scale 2**15, unscaled by hand."
+    )
+    table = _harness.Table(
+        workload="1. Step overhead",
+        title=f"MLP {count / 1e6:.1f}M params, batch {batch}, float16 compute",
+        baseline="plain",
+        rows=rows,
+        unit="ms",
+        reps=reps,
+        warmup=warmup,
+        notes=notes,
+        columns={"overhead (ms)": overhead},
+    )
+    tables = [table]
+    _harness.finish(args, tables)
+    return tables
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""Workload 2: one pass over the gradients (unscale and check for inf/NaN).
+
+256 MiB of float32 gradients split over 1, 100 and 10,000 leaves.  Each
+candidate is one jitted call that reads every gradient, writes the unscaled
+gradients in place (the gradients are donated) and returns whether any is
+non-finite.  The baseline is a plain copy of the same bytes, ``y = -x`` in
+place (read 256 MiB, write 256 MiB: the memory-bandwidth limit of any
+unscale); the peers do the same work with their own functions
+(jmp) or their documented pattern written out (flax, optax: neither exports
+an unscale-and-check on a given tree).  torch's fused
+``_amp_foreach_non_finite_check_and_unscale_`` (what GradScaler calls) is
+measured beside torch's own copy, as a reference point.
+
+    python bench/bench_unscale.py            # full size
+    python bench/bench_unscale.py --tiny     # smoke
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _harness
+
+SCALE = 2.0**15
+
+
+def split_sizes(total: int, n: int) -> list[int]:
+    """`n` leaf sizes adding up to `total`, differing by at most one."""
+    q, r = divmod(total, n)
+    return [q + 1] * r + [q] * (n - r)
+
+
+def make_grads(total_bytes: int, n_leaves: int) -> list[jax.Array]:
+    sizes = split_sizes(total_bytes // 4, n_leaves)
+    rng = np.random.default_rng(0)
+    # Finite values of a typical scaled-gradient magnitude; one host array,
+    # sliced, so building 10,000 leaves stays cheap.
+    flat = (rng.standard_normal(sum(sizes), dtype=np.float32) * SCALE).astype(np.float32)
+    out, at = [], 0
+    for s in sizes:
+        out.append(jnp.asarray(flat[at : at + s]))
+        at += s
+    return out
+
+
+# ---- candidates: each f(grads, scale) -> (unscaled grads, found_inf) -------
+
+
+def plain_copy(grads, scale):
+    # Read N bytes, write N bytes, nothing else: y = -x (an identity would be
+    # elided under donation, and a fresh-buffer copy measures the allocator).
+    return [-g for g in grads], jnp.asarray(False)
+
+
+def ours(grads, state):
+    import jax_amp_scale as jas
+
+    return jas.unscale_and_check(grads, state)
+
+
+def jmp_unscale_check(grads, loss_scale):
+    import jmp
+
+    grads = loss_scale.unscale(grads)
+    return grads, jnp.logical_not(jmp.all_finite(grads))
+
+
+def flax_pattern(grads, scale):
+    # flax.training.dynamic_scale.DynamicScale.value_and_grad, after jax.grad.
+    grads = jax.tree.map(lambda g: jnp.asarray(g, jnp.float32) / scale, grads)
+    finite = jnp.array(True)
+    for g in jax.tree.leaves(grads):
+        finite &= jnp.all(jax.lax.is_finite(g))
+    return grads, jnp.logical_not(finite)
+
+
+def optax_pattern(grads, scale):
+    # A hand unscale, then optax.apply_if_finite's own finiteness test.
+    inv = 1.0 / scale
+    grads = jax.tree.map(lambda g: g * inv, grads)
+    finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(grads)]))
+    return grads, jnp.logical_not(finite)
+
+
+def jax_candidates(ours_ok: bool):
+    """name -> (function, scale -> the scale argument it takes)."""
+    import jmp
+
+    out = {"plain copy": (plain_copy, jnp.float32)}
+    if ours_ok:
+        import jax_amp_scale as jas
+
+        out["ours unscale_and_check"] = (ours, jas.init_scale_state)
+    out["jmp unscale + all_finite"] = (
+        jmp_unscale_check,
+        lambda s: jmp.DynamicLossScale(jnp.float32(s)),
+    )
+    out["flax DynamicScale pattern"] = (flax_pattern, jnp.float32)
+    out["optax unscale + apply_if_finite check"] = (optax_pattern, jnp.float32)
+    return out
+
+
+def run_case(
+    total_bytes: int,
+    n_leaves: int,
+    reps: int,
+    warmup: int,
+    ours_ok: bool,
+    first_call: dict[str, dict[int, float]],
+    budget_s: float,
+):
+    """Times every candidate on `n_leaves` leaves; returns (rows, skipped notes).
+
+    Every candidate owns a copy of the gradients and donates it to each call
+    (``donate_argnums``), so XLA writes the result in place, as it does with
+    the gradients inside a training step and as torch's fused op does; the
+    next call takes the result back with the inverse scale, so values stay
+    the same magnitude.  `first_call` (name -> leaves -> seconds of the
+    first, compiling call) is filled in; above 100 leaves a candidate whose
+    first call, projected linearly from the largest size run so far, would
+    pass `budget_s` is skipped (the copy baseline always runs).
+    """
+    grads = make_grads(total_bytes, n_leaves)
+    cands, skipped = {}, []
+    for name, (fn, make_scale) in jax_candidates(ours_ok).items():
+        seen = first_call.setdefault(name, {})
+        if seen and name != "plain copy" and n_leaves > 100:
+            last = max(seen)
+            proj = seen[last] * n_leaves / last
+            if proj > budget_s:
+                skipped.append(f"{name} (first call projected {proj:.0f} s)")
+                continue
+        f = jax.jit(fn, donate_argnums=0)
+        scales = (make_scale(SCALE), make_scale(1.0 / SCALE))
+        mine = [jnp.copy(g) for g in grads]
+        t0 = time.perf_counter()
+        out, found = jax.block_until_ready(f(mine, scales[0]))
+        seen[n_leaves] = time.perf_counter() - t0
+        if not all(g.is_deleted() for g in mine):
+            raise RuntimeError(f"{name}: the gradients were not donated")
+        if bool(found):
+            raise RuntimeError(f"{name} reported an overflow on finite gradients")
+        box = [out, 1]
+
+        def run(f=f, scales=scales, box=box):
+            out, _ = f(box[0], scales[box[1]])
+            box[0], box[1] = jax.block_until_ready(out), 1 - box[1]
+
+        cands[name] = run
+    rows = _harness.measure(cands, baseline="plain copy", reps=reps, warmup=warmup)
+    for r in rows:
+        r.extra["first_call_s"] = first_call[r.name][n_leaves]
+    return rows, skipped
+
+
+def run_torch_case(total_bytes: int, n_leaves: int, reps: int, warmup: int):
+    """torch's fused unscale-and-check (in place) against torch's copy."""
+    import torch
+
+    sizes = split_sizes(total_bytes // 4, n_leaves)
+    flat = torch.randn(sum(sizes)) * SCALE
+    grads = list(torch.split(flat, sizes))
+    grads = [g.clone() for g in grads]  # separate allocations, as real grads
+    dst = [torch.empty_like(g) for g in grads]
+    found = torch.zeros(1)
+    inv = torch.full((1,), 1.0 / SCALE)
+    one = torch.ones(1)
+
+    def copy():
+        torch._foreach_copy_(dst, grads)
+
+    def fused():
+        # Unscales in place; multiplying back by the scale afterwards would
+        # double the work, so alternate the factor to keep values bounded.
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one / inv)
+
+    rows = _harness.measure(
+        {"torch _foreach_copy_": copy, "torch GradScaler fused unscale+check (x2)": fused},
+        baseline="torch _foreach_copy_",
+        reps=reps,
+        warmup=warmup,
+    )
+    # `fused` ran the fused op twice per sample: report one call.
+    rows[1].times = [t / 2 for t in rows[1].times]
+    rows[1].ratios = [r / 2 for r in rows[1].ratios or []]
+    rows[1].name = "torch fused unscale+check (_amp_foreach_non_finite_check_and_unscale_)"
+    if float(found) != 0.0:
+        raise RuntimeError("torch reported an overflow on finite gradients")
+    return rows
+
+
+def _throughput(rows, total_bytes):
+    gib = total_bytes / 2**30
+    base = rows[0].median
+    thr = {r.name: f"{gib / r.median:.2f}" for r in rows}
+    pct = {r.name: f"{100 * base / r.median:.0f}%" for r in rows}
+    return {"GiB/s (gradient bytes)": thr, "% of copy throughput": pct}
+
+
+def main(argv: list[str] | None = None) -> list[_harness.Table]:
+    p = _harness.parser(__doc__.splitlines()[0], reps=10)
+    p.add_argument("--no-torch", action="store_true", help="skip the torch reference rows")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=90.0,
+        help="skip a candidate whose first (compiling) call is projected past this "
+        "many seconds at a larger leaf count (default 90)",
+    )
+    args = p.parse_args(argv)
+    if args.tiny:
+        total, leaf_counts, reps, warmup = 1 << 16, (1, 10, 100), 1, 1
+    else:
+        total, leaf_counts, reps, warmup = 256 << 20, (1, 100, 10_000), args.reps, args.warmup
+
+    from _steps import ours_available
+
+    why = ours_available()
+    torch_ok = not args.no_torch
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        torch_ok = False
+
+    tables = []
+    first_call: dict[str, dict[int, float]] = {}
+    for n in leaf_counts:
+        notes = [] if why is None else [f"ours not measured: {why}"]
+        rows, skipped = run_case(total, n, reps, warmup, why is None, first_call, args.budget_s)
+        if skipped:
+            notes.append(
+                f"not run at {n} leaves (--budget-s {args.budget_s:g}): "
+                + "; ".join(skipped)
+                + ". XLA:CPU compiles one kernel per leaf reduction."
+            )
+        columns = _throughput(rows, total)
+        columns["first call, compile included (s)"] = {
+            r.name: f"{r.extra['first_call_s']:.2f}" for r in rows
+        }
+        tables.append(
+            _harness.Table(
+                workload="2. One pass over the gradients",
+                title=f"{total >> 20} MiB float32 over {n} leaves",
+                baseline="plain copy",
+                rows=rows,
+                unit="ms",
+                reps=reps,
+                warmup=warmup,
+                notes=notes,
+                columns=columns,
+            )
+        )
+        if torch_ok:
+            rows = run_torch_case(total, n, reps, warmup)
+            tables.append(
+                _harness.Table(
+                    workload="2. One pass over the gradients (torch reference)",
+                    title=f"{total >> 20} MiB float32 over {n} tensors, torch CPU, in place",
+                    baseline="torch _foreach_copy_",
+                    rows=rows,
+                    unit="ms",
+                    reps=reps,
+                    warmup=warmup,
+                    columns=_throughput(rows, total),
+                )
+            )
+    _harness.finish(args, tables)
+    return tables
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""Smoke test of bench/: every workload runs at a tiny size and reports.
+
+No timing is asserted (performance is measured in bench/, never in tests):
+this checks that `bench/run_all.py --tiny` runs every workload script in
+its own process, that each reports every candidate with positive finite
+times and paired ratios, and that RESULTS.md and the PNG plot are written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+
+pytest.importorskip("optax")
+pytest.importorskip("jmp")
+pytest.importorskip("flax")
+pytest.importorskip("matplotlib")
+
+sys.path.insert(0, str(BENCH))
+import _harness  # noqa: E402
+import _steps  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    # RESULTS.md already holding hand-written text: run_all must keep it.
+    (out / "RESULTS.md").write_text(
+        f"# kept\n\nbefore\n\n{_run_all().BEGIN}\nold\n{_run_all().END}\n\nafter\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "run_all.py"), "--tiny", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out / "results.json") as f:
+        data = json.load(f)
+    tables = [_harness.Table.from_json(t) for run in data["runs"].values() for t in run["tables"]]
+    return out, data, tables
+
+
+def _run_all():
+    import run_all
+
+    return run_all
+
+
+def _ours_expected() -> bool:
+    return _steps.ours_available() is None
+
+
+def _check_rows(table: _harness.Table) -> None:
+    assert table.rows, table.title
+    for r in table.rows:
+        assert r.times and all(math.isfinite(t) and t > 0 for t in r.times), (table.title, r)
+        assert len(r.times) == table.reps
+        if table.baseline is not None:
+            assert r.ratios is not None and len(r.ratios) == table.reps
+    if table.baseline is not None:
+        assert table.row(table.baseline).ratios == [1.0] * table.reps
+
+
+def _tables(tables, prefix):
+    found = [t for t in tables if t.workload.startswith(prefix)]
+    assert found, f"no table for workload {prefix!r}"
+    for t in found:
+        _check_rows(t)
+    return found
+
+
+def test_step_overhead_every_candidate(suite):
+    _, _, tables = suite
+    (t,) = _tables(tables, "1.")
+    names = [r.name for r in t.rows]
+    assert names[0] == "plain" and t.baseline == "plain"
+    for peer in ("jmp DynamicLossScale", "flax DynamicScale", "optax apply_if_finite"):
+        assert peer in names
+    if _ours_expected():
+        import jax_amp_scale as jas
+
+        for b in ("auto", *jas.available_backends()):
+            assert f"ours loss_scaled[{b}]" in names
+
+
+def test_one_pass_over_gradients(suite):
+    _, _, tables = suite
+    jax_tables = [t for t in _tables(tables, "2.") if "torch" not in t.workload]
+    assert [t.title.split(" over ")[1] for t in jax_tables] == [
+        "1 leaves",
+        "10 leaves",
+        "100 leaves",
+    ]
+    for t in jax_tables:
+        names = [r.name for r in t.rows]
+        assert names[0] == "plain copy"
+        assert ("ours unscale_and_check" in names) == _ours_expected()
+        assert "% of copy throughput" in t.columns
+
+
+def test_compile_time_growth(suite):
+    _, _, tables = suite
+    ts = _tables(tables, "3.")
+    assert [t.title for t in ts] == [
+        "training step, 2 parameter leaves",
+        "training step, 4 parameter leaves",
+    ]
+    for t in ts:
+        for r in t.rows:
+            assert len(r.extra["lower_s"]) == len(r.extra["compile_s"]) == t.reps
+    assert any(k.startswith("growth exponent") for k in ts[-1].columns)
+
+
+def test_operator_reference_vs_ffi(suite):
+    _, _, tables = suite
+    import jax_amp_scale as jas
+
+    for t in _tables(tables, "4."):
+        names = [r.name for r in t.rows]
+        for b in jas.available_backends():
+            assert any(b in n for n in names), (t.title, names)
+
+
+def test_torch_grad_scaler(suite):
+    pytest.importorskip("torch")
+    _, _, tables = suite
+    step, update = _tables(tables, "5.")
+    assert [r.name for r in step.rows] == ["torch plain step", "torch GradScaler step"]
+    assert update.baseline == "optimizer.step"
+
+
+def test_reports_written(suite):
+    out, data, tables = suite
+    text = (out / "RESULTS.md").read_text()
+    run_all = _run_all()
+    # the hand-written text around the generated block is kept
+    assert text.startswith("# kept\n\nbefore\n\n") and text.rstrip().endswith("after")
+    assert "\nold\n" not in text
+    for t in tables:
+        assert f"#### {t.workload}: {t.title}" in text
+    assert set(data["runs"]) == set(run_all.WORKLOADS)
+    for w, run in data["runs"].items():
+        assert run["command"] == f"python bench/{run_all.WORKLOADS[w]} --tiny"
+        assert "python bench/run_all.py --tiny" in run["via"]
+        assert f"`{run['command']}`" in text
+        for key in ("jax", "jaxlib", "cpu", "optax"):
+            assert key in run["machine"]
+    assert text.count(run_all.BEGIN) == 1 and "## Targets" in text
+    png = (out / "results.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+
+
+def test_rerun_one_workload_keeps_the_others(suite):
+    out, data, _ = suite
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "run_all.py"),
+            "--tiny",
+            "--only",
+            "update_scale",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out / "results.json") as f:
+        again = json.load(f)
+    assert set(again["runs"]) == set(data["runs"])
+    for w in data["runs"]:
+        same = again["runs"][w] == data["runs"][w]
+        assert same == (w != "update_scale"), w
+    assert "--only update_scale" in again["runs"]["update_scale"]["via"]
+    text = (out / "RESULTS.md").read_text()
+    assert "#### 1. Step overhead" in text and "#### 4. The operator" in text
+
+
+def test_probe_hlo_counts_every_candidate():
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "probe_hlo.py"), "--leaves", "2", "4"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    names = list(_steps.candidates(("auto",) if _ours_expected() else ()))
+    for n in (2, 4):
+        section = proc.stdout.split(f"#### step with {n} parameter leaves")[1].split("####")[0]
+        rows = [
+            line for line in section.splitlines() if line.startswith("| ") and "---" not in line
+        ]
+        assert [r.split(" | ")[0][2:] for r in rows[1:]] == names
+        for r in rows[1:]:
+            kernels, reductions, operands, lines = (int(c) for c in r.split(" | ")[1:5])
+            assert kernels > 0 and operands > 0 and lines > 0 and reductions >= 0
+    assert "per-leaf kernels alone" in proc.stdout
+
+
+def test_harness_ratios_are_paired():
+    ticks = iter(range(1000))
+    seen: list[str] = []
+
+    def cand(name):
+        def run():
+            seen.append(name)
+            next(ticks)
+
+        return run
+
+    rows = _harness.measure(
+        {"a": cand("a"), "b": cand("b"), "c": cand("c")}, baseline="a", reps=4, warmup=1
+    )
+    # warm-up once each in order, then the order rotates every repetition
+    assert seen[:3] == ["a", "b", "c"]
+    assert seen[3:6] == ["a", "b", "c"] and seen[6:9] == ["b", "c", "a"]
+    assert seen[9:12] == ["c", "a", "b"]
+    for r in rows:
+        assert len(r.times) == 4
+        assert r.ratios == [x / y for x, y in zip(r.times, rows[0].times, strict=True)]
+    with pytest.raises(ValueError, match="baseline"):
+        _harness.measure({"a": cand("a")}, baseline="z", reps=1)
+    with pytest.raises(ValueError, match="reps"):
+        _harness.measure({"a": cand("a")}, baseline=None, reps=0)
