@@ -109,6 +109,23 @@ def _unavailable_lowering(ctx: Any, *args: Any) -> Any:
 mlir.register_lowering(_unavailable_p, _unavailable_lowering)
 
 
+def _varying_axes(x: jax.Array) -> frozenset[Any]:
+    """Manual mesh axes `x` varies over inside `shard_map` (empty elsewhere)."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "mat", None)  # jax >= 0.10
+    return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())
+
+
+def _vary(x: jax.Array, axes: frozenset[Any]) -> jax.Array:
+    """`x`, typed as varying over `axes` too (values unchanged)."""
+    missing = tuple(a for a in sorted(axes, key=str) if a not in _varying_axes(x))
+    if not missing:
+        return x
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(x, missing, to="varying")
+    return jax.lax.pvary(x, missing)  # type: ignore[attr-defined]  # jax < 0.8
+
+
 def _ffi_call(
     scale: jax.Array,
     tracker: jax.Array,
@@ -139,7 +156,11 @@ def _ffi_call(
         backoff_factor=np.float64(backoff_factor),
         growth_interval=np.int64(growth_interval),
     )
-    return new_scale, new_tracker
+    # ffi_call types its results from the ShapeDtypeStructs above, which say
+    # nothing of shard_map's varying axes; the state varies wherever an input
+    # does, and shard_map's replication check relies on knowing that.
+    axes = _varying_axes(scale) | _varying_axes(tracker) | _varying_axes(found)
+    return _vary(new_scale, axes), _vary(new_tracker, axes)
 
 
 def update_scale_ffi(
@@ -176,5 +197,8 @@ def update_scale_ffi(
         out = _unavailable_p.bind(s, t)
         return out[0], out[1]
 
+    # Every branch must return the same type, varying axes included.
+    axes = _varying_axes(scale) | _varying_axes(growth_tracker) | _varying_axes(found)
+    scale, growth_tracker, found = (_vary(x, axes) for x in (scale, growth_tracker, found))
     branches = {p: native for p in sorted(targets)}
     return jax.lax.platform_dependent(scale, growth_tracker, found, default=other, **branches)

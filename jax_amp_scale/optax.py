@@ -99,13 +99,14 @@ def _update_unless(
         g, st = operands
         return _strong(inner.update(g, st, params, **extra_args))
 
-    out = jax.eval_shape(apply, (grads, inner_state))
-
     def skip(operands: tuple[Any, Any]) -> tuple[Any, Any]:
-        _, st = operands
-        zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), out[0])
+        # Built from the traced update so both branches carry the same
+        # shardings and shard_map varying axes; the update is dead code here
+        # and XLA removes it.  select(True, old, new) keeps old's bits exactly.
+        new_updates, new_state = apply(operands)
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, new_updates)
         kept = jax.tree_util.tree_map(
-            lambda old, s: jax.lax.convert_element_type(old, s.dtype), st, out[1]
+            lambda old, new: jnp.where(True, old.astype(new.dtype), new), operands[1], new_state
         )
         return zeros, kept
 

@@ -221,22 +221,12 @@ def test_sharded_population_stays_sharded_ffi(mode):
     _stays_sharded(mode, "ffi")
 
 
-# Also recorded in test_shard_map.py::test_missing_axis_is_caught_by_shard_map_ffi.
-_FFI_VMA = (
-    "_ffi.py types the ffi_call results without the inputs' varying mesh axes, so "
-    "inside shard_map a per-device (varying) state makes the FFI branch and the "
-    "fallback branch of lax.platform_dependent disagree in type."
-)
-
-
 @_needs_8
 @pytest.mark.parametrize(
     "backend",
     [
         "reference",
-        pytest.param(
-            "ffi", marks=pytest.mark.xfail(strict=True, raises=TypeError, reason=_FFI_VMA)
-        ),
+        "ffi",
     ],
 )
 @pytest.mark.parametrize("mode", MODES, ids=str)
