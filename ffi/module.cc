@@ -5,6 +5,7 @@
 #include "xla/ffi/api/c_api.h"
 
 extern "C" XLA_FFI_Error* JasUpdateScaleCpu(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* JasUnscaleAndCheckCpu(XLA_FFI_CallFrame*);
 
 namespace nb = nanobind;
 
@@ -14,6 +15,8 @@ NB_MODULE(_native_cpu, m) {
     nb::dict d;
     d["jas_update_scale"] =
         nb::capsule(reinterpret_cast<void*>(&JasUpdateScaleCpu));
+    d["jas_unscale_and_check"] =
+        nb::capsule(reinterpret_cast<void*>(&JasUnscaleAndCheckCpu));
     return d;
   });
   m.def("ffi_api_version", []() {

@@ -24,12 +24,15 @@ except ImportError:  # pragma: no cover
     from jax.core import Primitive  # type: ignore[attr-defined,no-redef]
 
 TARGET = "jas_update_scale"
+# The fused gradient pass (`unscale_and_check`); CPU only for now.
+UNSCALE_TARGET = "jas_unscale_and_check"
 
 # Lowering platform name (as `lax.platform_dependent` and `jax.export` spell
 # it) -> the name `jax.ffi.register_ffi_target` wants.
 _XLA_PLATFORM = {"cpu": "cpu", "cuda": "CUDA", "rocm": "ROCM"}
 
 _registered: set[str] = set()
+_unscale_registered: set[str] = set()
 _load_errors: dict[str, str] = {}
 
 
@@ -62,6 +65,9 @@ def _load_native(module: str, platform: str) -> None:
     for name, capsule in mod.registrations().items():
         if name == TARGET:
             register_target(platform, capsule)
+        elif name == UNSCALE_TARGET and platform not in _unscale_registered:
+            jax.ffi.register_ffi_target(name, capsule, platform=_XLA_PLATFORM[platform])
+            _unscale_registered.add(platform)
 
 
 _load_native("_native_cpu", "cpu")
@@ -74,35 +80,48 @@ def platforms() -> frozenset[str]:
     return frozenset(_registered)
 
 
+def unscale_platforms() -> frozenset[str]:
+    """Lowering platforms that have a native fused unscale-and-check handler."""
+    return frozenset(_unscale_registered)
+
+
 def load_errors() -> dict[str, str]:
     """Why an optional native module did not load, per platform."""
     return dict(_load_errors)
 
 
 # A primitive whose only job is to fail, at lowering time and with a clear
-# message, when backend="ffi" is lowered for a platform with no handler.
-# `lax.platform_dependent` traces every branch but lowers only the chosen one,
-# so this costs nothing where a handler exists.
-_unavailable_p = Primitive("jas_update_scale_ffi_unavailable")
+# message, when backend="ffi" is lowered for a platform with no handler for
+# `target`.  It passes its operands through.  `lax.platform_dependent`
+# traces every branch but lowers only the chosen one, so this costs nothing
+# where a handler exists.
+_unavailable_p = Primitive("jas_ffi_unavailable")
 _unavailable_p.multiple_results = True
-_unavailable_p.def_abstract_eval(lambda scale, tracker: (scale, tracker))
-batching.primitive_batchers[_unavailable_p] = lambda args, dims: (
-    _unavailable_p.bind(*args),
+_unavailable_p.def_abstract_eval(lambda *args, target: args)
+batching.primitive_batchers[_unavailable_p] = lambda args, dims, target: (
+    _unavailable_p.bind(*args, target=target),
     dims,
 )
 
 
-def _unavailable_lowering(ctx: Any, *args: Any) -> Any:
-    missing = [p for p in ctx.module_context.platforms if p.lower() not in _registered]
+def _unavailable_lowering(ctx: Any, *args: Any, target: str) -> Any:
+    registered = _registered if target == TARGET else _unscale_registered
+    missing = [p for p in ctx.module_context.platforms if p.lower() not in registered]
     if not missing:
         # Older jax lowers every platform_dependent branch; this one is dead
         # code for the platforms being lowered, so an identity is enough.
         return list(args)
-    have = ", ".join(sorted(_registered)) or "none"
+    have = ", ".join(sorted(registered)) or "none"
+    hint = (
+        "register one with jax_amp_scale.plugin.register(platform=...)"
+        if target == TARGET
+        else "the fused pass has a native handler on CPU only"
+    )
+    what = "" if target == TARGET else "fused unscale-and-check "
     raise NotImplementedError(
-        f"jax_amp_scale: backend='ffi' has no native handler for platform "
+        f"jax_amp_scale: backend='ffi' has no native {what}handler for platform "
         f"'{','.join(missing)}' (handlers: {have}). Use backend='reference' or "
-        f"'auto', or register one with jax_amp_scale.plugin.register(platform=...)."
+        f"'auto'; {hint}."
     )
 
 
@@ -194,7 +213,7 @@ def update_scale_ffi(
     def other(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
         if fallback is not None:
             return fallback(s, t, f, **attrs)
-        out = _unavailable_p.bind(s, t)
+        out = _unavailable_p.bind(s, t, target=TARGET)
         return out[0], out[1]
 
     # Every branch must return the same type, varying axes included.

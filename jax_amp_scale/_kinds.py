@@ -57,7 +57,9 @@ class LossScale(Protocol):
 
     def unscale(self, tree: PyTree) -> PyTree: ...
 
-    def unscale_and_check(self, tree: PyTree) -> tuple[PyTree, jax.Array]: ...
+    def unscale_and_check(
+        self, tree: PyTree, *, backend: Backend = "auto"
+    ) -> tuple[PyTree, jax.Array]: ...
 
     def adjust(
         self,
@@ -91,8 +93,10 @@ class _Common:
     def unscale(self, tree: PyTree) -> PyTree:
         return _scaling.unscale(tree, self)
 
-    def unscale_and_check(self, tree: PyTree) -> tuple[PyTree, jax.Array]:
-        return _scaling.unscale_and_check(tree, self)
+    def unscale_and_check(
+        self, tree: PyTree, *, backend: Backend = "auto"
+    ) -> tuple[PyTree, jax.Array]:
+        return _scaling.unscale_and_check(tree, self, backend=backend)
 
 
 def _found(found_inf: Any, state: ScaleState, axis_name: Hashable | None) -> jax.Array:

@@ -19,6 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_amp_scale import _fused
+from jax_amp_scale._core import Backend, _check_backend
+from jax_amp_scale._ffi import unscale_platforms
 from jax_amp_scale._state import ScaleState
 
 PyTree = Any
@@ -163,12 +166,53 @@ def all_finite(tree: PyTree) -> jax.Array:
     return jnp.all(jnp.stack(flags))
 
 
-def unscale_and_check(tree: PyTree, state: Any) -> tuple[PyTree, jax.Array]:
+def _reference_pass(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
+    # Each leaf's check is a reduction over the very expression that produces
+    # its unscaled value: the shape a multi-output fusion (XLA:GPU) turns into
+    # one pass.  XLA:CPU never fuses a reduction with its producer: there each
+    # leaf costs one kernel writing the unscaled leaf and one writing a 1-byte
+    # finiteness mask (then a vectorized reduction); tests/test_scaling.py
+    # pins that structure.
+    outs = [_unscale_leaf(x, inv) for x in leaves]
+    finite = jnp.all(jnp.stack([_leaf_finite(u) for u in outs]))
+    return jnp.logical_not(finite), outs
+
+
+def _fused_mode(backend: str) -> str | None:
+    """How `unscale_and_check` uses the native fused pass: None, "auto" or "strict"."""
+    if backend == "reference":
+        return None
+    if backend == "ffi":
+        return "strict"
+    # "auto": the native pass wherever it has a handler (CPU), unless the
+    # program may be partitioned over several devices: XLA cannot partition
+    # a custom call, and would gather every gradient to run it.
+    if not unscale_platforms() or jax.device_count() != 1:
+        return None
+    return "auto"
+
+
+def _explicitly_sharded(x: Any) -> bool:
+    # An explicit-mode sharding in the type (jax.sharding.AxisType.Explicit):
+    # a custom call's results could not carry it.
+    spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
+    return spec is not None and any(p is not None for p in spec)
+
+
+def unscale_and_check(
+    tree: PyTree, state: Any, *, backend: Backend = "auto"
+) -> tuple[PyTree, jax.Array]:
     """Unscales the gradients and reports whether any value is non-finite.
 
     Args:
       tree: gradients of the scaled loss (any pytree, mixed dtypes).
       state: where the scale lives (see the module docstring).
+      backend: ``"reference"``: pure JAX, one unscale and one check per leaf.
+        ``"ffi"``: one native call over all floating leaves (CPU; an error
+        at lowering time elsewhere).  ``"auto"`` (default): the native call
+        on CPU when this process has one device and no leaf is sharded
+        explicitly, the reference otherwise (a custom call cannot be
+        partitioned over devices).  Both give the same bits.
 
     Returns:
       ``(unscaled, found_inf)``: ``unscaled`` as from `unscale`; ``found_inf`` a
@@ -176,25 +220,37 @@ def unscale_and_check(tree: PyTree, state: Any) -> tuple[PyTree, jax.Array]:
       check reads the *unscaled* value, so a finite gradient that overflows
       when a scale below 1 is divided out is caught too.
 
-    Each leaf's check is a reduction over the very expression that produces
-    its unscaled value, the shape a multi-output fusion (as in XLA:GPU) can
-    turn into one pass; that is not verified here, for want of a GPU.  XLA:CPU
-    never fuses a reduction with its producer: there each leaf costs one
-    kernel writing the unscaled leaf and one writing a 1-byte finiteness mask
-    (then a vectorized reduction), nothing else; tests/test_scaling.py pins
-    that structure.
+    With the native pass, each gradient byte is read once and written once
+    (one custom call, on XLA's intra-op threads, whatever the leaf count);
+    under ``vmap`` it runs the reference, and it is differentiable.
     """
+    mode = _fused_mode(_check_backend(backend))
     inv = _inverse(state)
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    out = []
-    flags = []
-    for x in leaves:
-        u = _unscale_leaf(x, inv)
-        if _is_float_leaf(x):
-            flags.append(_leaf_finite(u))
-        out.append(u)
-    finite = jnp.all(jnp.stack(flags)) if flags else jnp.array(True)
-    return jax.tree_util.tree_unflatten(treedef, out), jnp.logical_not(finite)
+    floating = [i for i, x in enumerate(leaves) if _is_float_leaf(x)]
+    if not floating:
+        return tree, jnp.array(False)
+    if inv is None:  # identity scale: nothing to multiply, only the check
+        flags = [_leaf_finite(leaves[i]) for i in floating]
+        return tree, jnp.logical_not(jnp.all(jnp.stack(flags)))
+    inputs = [leaves[i] for i in floating]
+    if mode is not None and any(_explicitly_sharded(x) for x in inputs):
+        if mode == "strict":
+            raise ValueError(
+                "unscale_and_check: backend='ffi' cannot take explicitly sharded leaves "
+                "(XLA cannot partition the custom call); use backend='auto' or "
+                "'reference', or call it inside shard_map"
+            )
+        mode = None
+    if mode is None:
+        found, outs = _reference_pass(inv, inputs)
+    else:
+        found, outs = _fused.unscale_and_check_fused(
+            inv, inputs, fallback=_reference_pass, strict=mode == "strict"
+        )
+    for i, u in zip(floating, outs, strict=True):
+        leaves[i] = u
+    return jax.tree_util.tree_unflatten(treedef, leaves), found
 
 
 def nonfinite_leaves(tree: PyTree) -> PyTree:
@@ -236,6 +292,7 @@ def value_and_grad(
     has_aux: bool = False,
     argnums: int | Sequence[int] = 0,
     axis_name: Hashable | None = None,
+    backend: Backend = "auto",
 ) -> Callable[..., tuple[Any, PyTree, jax.Array]]:
     """Like `jax.value_and_grad`, through a scaled loss.
 
@@ -246,6 +303,7 @@ def value_and_grad(
       axis_name: optional mapped axis; found_inf is OR-reduced across it so
         every replica takes the same skip decision.  Gradients are not
         averaged here (do ``lax.pmean`` yourself, or use `Trainer`).
+      backend: the `unscale_and_check` backend.
 
     Returns:
       A function of `fun`'s arguments returning ``(value, grads, found_inf)``:
@@ -276,7 +334,7 @@ def value_and_grad(
 
     def wrapped(*args: Any, **kwargs: Any) -> tuple[Any, PyTree, jax.Array]:
         grads, (loss, aux) = grad_fn(*args, **kwargs)
-        grads, found = unscale_and_check(grads, state)
+        grads, found = unscale_and_check(grads, state, backend=backend)
         found = _or_across(found, axis_name)
         value = (loss, aux) if has_aux else loss
         return value, grads, found

@@ -43,7 +43,7 @@ class Trainer:
         loss are averaged over it (``lax.pmean``) and found_inf is OR-reduced,
         so every replica takes the same step.
       drop_overflow_update: None (the kind's choice), True or False.
-      backend: the core `update_scale` backend.
+      backend: the core `update_scale` backend, as in `loss_scaled`.
 
     ``init(params)`` returns the optimizer state, a
     `jax_amp_scale.optax.LossScaledState`.  ``step(params, state, batch,

@@ -136,7 +136,9 @@ def loss_scaled(
       axis_name: optional mapped axis; found_inf is OR-reduced across it so
         all replicas skip together and keep equal scales.
       backend: the core `update_scale` backend (``"auto"``, ``"reference"``,
-        ``"ffi"``).
+        ``"ffi"``).  `unscale_and_check` runs with ``"auto"`` (the native
+        fused pass on a one-device CPU process), or ``"reference"`` when
+        `backend` is ``"reference"``.
 
     ``update(grads, state, params=None, **extra_args)`` expects the gradients
     of the *scaled* loss (``scale_loss(loss, state)``); it unscales them,
@@ -157,6 +159,9 @@ def loss_scaled(
     else:
         drop = _kinds._check_bool(drop_overflow_update, "drop_overflow_update")
     backend = _check_backend(backend)  # type: ignore[assignment]
+    # "ffi" asks for the native update-scale operator (Ascend's, say); the
+    # fused gradient pass exists on CPU only, so it stays "auto" there.
+    unscale_backend: Backend = "reference" if backend == "reference" else "auto"
     inner = optax.with_extra_args_support(inner)
 
     def init_fn(params: Any) -> LossScaledState:
@@ -173,7 +178,7 @@ def loss_scaled(
     ) -> tuple[Any, LossScaledState]:
         if not isinstance(state, LossScaledState):
             raise TypeError(f"state must be a LossScaledState, got {type(state).__name__}")
-        grads, found = state.scale.unscale_and_check(updates)
+        grads, found = state.scale.unscale_and_check(updates, backend=unscale_backend)
         found = _scaling._or_across(found, axis_name)
         new_scale = state.scale.adjust(found, backend=backend)
         skipped = state.skipped_steps

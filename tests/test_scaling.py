@@ -1,5 +1,6 @@
 """scale_loss, unscale, all_finite, unscale_and_check, nonfinite_leaves, value_and_grad."""
 
+import functools
 import re
 
 import jax
@@ -109,37 +110,49 @@ def test_all_finite():
         assert not bool(jax.jit(jas.all_finite)(t)), k
 
 
-def test_zero_size_leaves():
+# unscale_and_check's two paths: the pure per-leaf one and the native fused
+# call (CPU).  "auto" picks the reference here: the tests run with 8 devices.
+PASSES = ["reference", "ffi"]
+
+
+@pytest.mark.parametrize("backend", PASSES)
+def test_zero_size_leaves(backend):
     tree = {"e": jnp.zeros((0, 3), jnp.float16), "w": jnp.array([2.0])}
-    out, found = jax.jit(jas.unscale_and_check)(tree, jnp.float32(2.0))
+    check = functools.partial(jas.unscale_and_check, backend=backend)
+    out, found = jax.jit(check)(tree, jnp.float32(2.0))
     assert out["e"].shape == (0, 3) and float(out["w"][0]) == 1.0 and not bool(found)
     assert bool(jas.all_finite({"e": jnp.zeros((0,))}))
     assert not bool(jas.nonfinite_leaves({"e": jnp.zeros((0,))})["e"])
 
 
-def test_unscale_and_check_empty_tree():
-    out, found = jax.jit(jas.unscale_and_check)({}, jnp.float32(2.0))
+@pytest.mark.parametrize("backend", PASSES)
+def test_unscale_and_check_empty_tree(backend):
+    check = functools.partial(jas.unscale_and_check, backend=backend)
+    out, found = jax.jit(check)({}, jnp.float32(2.0))
     assert out == {} and found.dtype == jnp.bool_ and not bool(found)
-    out, found = jas.unscale_and_check({"i": jnp.int32(3), "n": None}, 2.0)
+    out, found = check({"i": jnp.int32(3), "n": None}, 2.0)
     assert int(out["i"]) == 3 and out["n"] is None and not bool(found)
 
 
 @pytest.mark.parametrize("leaf", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
-def test_unscale_and_check_finds_each_dtype(leaf, bad):
+@pytest.mark.parametrize("backend", PASSES)
+def test_unscale_and_check_finds_each_dtype(leaf, bad, backend):
     tree = mixed_tree()
     tree[leaf] = tree[leaf].at[-1].set(bad)
-    out, found = jax.jit(jas.unscale_and_check)(tree, jnp.float32(4.0))
+    check = functools.partial(jas.unscale_and_check, backend=backend)
+    out, found = jax.jit(check)(tree, jnp.float32(4.0))
     assert bool(found)
     assert out[leaf].dtype == tree[leaf].dtype
 
 
-def test_unscale_and_check_catches_overflow_from_unscaling():
+@pytest.mark.parametrize("backend", PASSES)
+def test_unscale_and_check_catches_overflow_from_unscaling(backend):
     # A finite float16 gradient overflows when a scale below 1 is divided out.
     g = {"w": jnp.array([F16_BIG], jnp.float16)}
-    out, found = jas.unscale_and_check(g, 0.5)
+    out, found = jas.unscale_and_check(g, 0.5, backend=backend)
     assert bool(found) and bool(jnp.isinf(out["w"][0]))
-    assert not bool(jas.unscale_and_check(g, 2.0)[1])
+    assert not bool(jas.unscale_and_check(g, 2.0, backend=backend)[1])
 
 
 @settings(max_examples=30, deadline=None)
@@ -148,8 +161,9 @@ def test_unscale_and_check_catches_overflow_from_unscaling():
     st.sampled_from([1.0, 2.0**10, 3.0, 0.5, 2.0**16]),
     st.integers(0, 2**31 - 1),
     st.booleans(),
+    st.sampled_from(PASSES),
 )
-def test_unscale_and_check_equals_unscale_then_all_finite(kinds, scale, seed, poison):
+def test_unscale_and_check_equals_unscale_then_all_finite(kinds, scale, seed, poison, backend):
     rng = np.random.default_rng(seed)
     dts = {"f32": np.float32, "f16": np.float16, "bf16": jnp.bfloat16, "int": np.int32}
     tree = []
@@ -158,7 +172,7 @@ def test_unscale_and_check_equals_unscale_then_all_finite(kinds, scale, seed, po
         if poison and k != "int" and rng.random() < 0.5:
             x[rng.integers(4)] = rng.choice([np.inf, -np.inf, np.nan])
         tree.append(jnp.asarray(x))
-    out, found = jas.unscale_and_check(tree, scale)
+    out, found = jas.unscale_and_check(tree, scale, backend=backend)
     ref = jas.unscale(tree, scale)
     for a, b in zip(out, ref, strict=True):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
@@ -264,7 +278,8 @@ def test_unscale_and_check_hlo_structure_cpu():
     if jax.default_backend() != "cpu":
         pytest.skip("CPU HLO structure")
     tree = {"a": jnp.ones((512, 256), jnp.float16), "b": jnp.ones((512, 256), jnp.float32)}
-    text = _entry(jax.jit(jas.unscale_and_check).lower(tree, jnp.float32(8.0)).compile().as_text())
+    check = functools.partial(jas.unscale_and_check, backend="reference")
+    text = _entry(jax.jit(check).lower(tree, jnp.float32(8.0)).compile().as_text())
     lines = [ln for ln in text.splitlines() if "=" in ln and "parameter(" not in ln]
     assert not [ln for ln in lines if re.search(r"\bcopy\(", ln)]
     for dt in ("f16", "f32"):

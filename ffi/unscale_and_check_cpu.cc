@@ -1,0 +1,183 @@
+// CPU handler for the fused unscale-and-check custom call: one pass over
+// every floating gradient leaf (read once, written once), one flag out.
+//
+// Large calls are split into chunks shared with XLA's intra-op thread pool
+// (the pool XLA:CPU's own kernels use), so the pass runs on as many cores
+// as a plain copy does.
+//
+// Operands: inv_scale (float32, one element), then the leaves.
+// Results:  found_inf (bool, one element), then one unscaled leaf per leaf
+//           operand, same dtype and element count.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "handler_common.h"
+#include "unscale_and_check.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jas {
+namespace {
+
+bool IsLeafDtype(ffi::DataType dt) {
+  return dt == ffi::DataType::F16 || dt == ffi::DataType::BF16 ||
+         dt == ffi::DataType::F32 || dt == ffi::DataType::F64;
+}
+
+// Checks every buffer before anything is written.
+std::string CheckUnscaleCall(const ffi::AnyBuffer& inv_scale,
+                             const ffi::RemainingArgs& leaves,
+                             const ffi::AnyBuffer& found,
+                             const ffi::RemainingRets& outs) {
+  if (inv_scale.element_type() != ffi::DataType::F32 ||
+      inv_scale.element_count() != 1 || inv_scale.untyped_data() == nullptr) {
+    return std::string("inv_scale must be one float32 element, got ") +
+           DtypeName(inv_scale.element_type());
+  }
+  if (found.element_type() != ffi::DataType::PRED || found.element_count() != 1 ||
+      found.untyped_data() == nullptr) {
+    return "found_inf must be one bool element";
+  }
+  if (leaves.size() != outs.size()) {
+    return "the call must have as many unscaled results as gradient leaves";
+  }
+  for (size_t k = 0; k < leaves.size(); ++k) {
+    auto in = leaves.get<ffi::AnyBuffer>(k);
+    auto out = outs.get<ffi::AnyBuffer>(k);
+    if (!in.has_value() || !out.has_value()) {
+      return "leaf " + std::to_string(k) + " is not an array buffer";
+    }
+    const ffi::DataType dt = in->element_type();
+    if (!IsLeafDtype(dt)) {
+      return "leaf " + std::to_string(k) +
+             " must be float16, bfloat16, float32 or float64, got " + DtypeName(dt);
+    }
+    if ((*out)->element_type() != dt || (*out)->element_count() != in->element_count()) {
+      return "unscaled leaf " + std::to_string(k) +
+             " must have the dtype and element count of its gradient leaf";
+    }
+    if (in->element_count() > 0 &&
+        (in->untyped_data() == nullptr || (*out)->untyped_data() == nullptr)) {
+      return "leaf " + std::to_string(k) + " has elements but a null data pointer";
+    }
+  }
+  return std::string();
+}
+
+// A slice of one leaf: the unit of work handed to a thread.
+struct Chunk {
+  ffi::DataType dtype;
+  const void* in;
+  void* out;
+  int64_t begin;
+  int64_t count;
+};
+
+bool UnscaleChunk(const Chunk& c, float inv) {
+  switch (c.dtype) {
+    case ffi::DataType::F32:
+      return UnscaleF32(static_cast<const float*>(c.in) + c.begin,
+                        static_cast<float*>(c.out) + c.begin, c.count, inv);
+    case ffi::DataType::F64:
+      return UnscaleF64(static_cast<const double*>(c.in) + c.begin,
+                        static_cast<double*>(c.out) + c.begin, c.count,
+                        static_cast<double>(inv));
+    case ffi::DataType::F16:
+      return UnscaleF16(static_cast<const uint16_t*>(c.in) + c.begin,
+                        static_cast<uint16_t*>(c.out) + c.begin, c.count, inv);
+    default:  // BF16: CheckUnscaleCall admitted nothing else
+      return UnscaleBF16(static_cast<const uint16_t*>(c.in) + c.begin,
+                         static_cast<uint16_t*>(c.out) + c.begin, c.count, inv);
+  }
+}
+
+// Work shared by the calling thread and the pool tasks.  Owned through a
+// shared_ptr: a task the pool starts late (after every chunk was taken)
+// still finds it alive, claims nothing and leaves.
+struct Work {
+  std::vector<Chunk> chunks;
+  float inv = 1.0f;
+  std::atomic<size_t> next{0};
+  std::atomic<bool> bad{false};
+  std::mutex mu;
+  std::condition_variable all_done;
+  size_t done = 0;  // guarded by mu
+};
+
+void RunChunks(Work& w) {
+  ScopedFlushDenormals modes;  // per thread: pool threads have their own modes
+  bool bad = false;
+  size_t finished = 0;
+  for (size_t i = w.next.fetch_add(1); i < w.chunks.size(); i = w.next.fetch_add(1)) {
+    bad |= UnscaleChunk(w.chunks[i], w.inv);
+    ++finished;
+  }
+  if (bad) w.bad.store(true);
+  if (finished == 0) return;
+  std::lock_guard<std::mutex> lock(w.mu);
+  w.done += finished;
+  if (w.done == w.chunks.size()) w.all_done.notify_all();
+}
+
+// Below this many elements in all the call is done on the calling thread:
+// waking pool threads costs more than it saves.
+constexpr int64_t kParallelMinElements = int64_t{1} << 20;
+// Chunk size: large enough to stream, small enough to balance the threads.
+constexpr int64_t kChunkElements = int64_t{1} << 18;
+
+ffi::Error UnscaleAndCheckCpu(ffi::AnyBuffer inv_scale, ffi::RemainingArgs leaves,
+                              ffi::Result<ffi::AnyBuffer> found,
+                              ffi::RemainingRets outs, ffi::ThreadPool pool) {
+  std::string err = CheckUnscaleCall(inv_scale, leaves, *found, outs);
+  if (!err.empty()) return ffi::Error::InvalidArgument(err);
+
+  auto work = std::make_shared<Work>();
+  work->inv = *static_cast<const float*>(inv_scale.untyped_data());
+  int64_t total = 0;
+  for (size_t k = 0; k < leaves.size(); ++k) {
+    ffi::AnyBuffer in = *leaves.get<ffi::AnyBuffer>(k);
+    ffi::AnyBuffer out = **outs.get<ffi::AnyBuffer>(k);
+    const int64_t n = static_cast<int64_t>(in.element_count());
+    for (int64_t b = 0; b < n; b += kChunkElements) {
+      const int64_t count = n - b < kChunkElements ? n - b : kChunkElements;
+      work->chunks.push_back(
+          Chunk{in.element_type(), in.untyped_data(), out.untyped_data(), b, count});
+    }
+    total += n;
+  }
+
+  const int64_t threads = pool.num_threads();
+  if (total >= kParallelMinElements && threads > 1 && work->chunks.size() > 1) {
+    const int64_t helpers = std::min<int64_t>(
+        threads - 1, static_cast<int64_t>(work->chunks.size()) - 1);
+    for (int64_t t = 0; t < helpers; ++t) {
+      pool.Schedule([work]() { RunChunks(*work); });
+    }
+  }
+  RunChunks(*work);
+  {
+    // Every chunk was claimed once the caller's loop ended; wait for the
+    // ones other threads are still writing.
+    std::unique_lock<std::mutex> lock(work->mu);
+    work->all_done.wait(lock, [&] { return work->done == work->chunks.size(); });
+  }
+  // PRED is one byte holding 0 or 1.
+  *static_cast<uint8_t*>(found->untyped_data()) = work->bad.load() ? 1 : 0;
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jas
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JasUnscaleAndCheckCpu, jas::UnscaleAndCheckCpu,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()  // inv_scale
+                                  .RemainingArgs()             // gradient leaves
+                                  .Ret<xla::ffi::AnyBuffer>()  // found_inf
+                                  .RemainingRets()             // unscaled leaves
+                                  .Ctx<xla::ffi::ThreadPool>());

@@ -1,0 +1,268 @@
+"""The native fused unscale_and_check pass (backend="ffi") against the reference."""
+
+import functools
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+from jax.sharding import Mesh, PartitionSpec
+
+import jax_amp_scale as jas
+from jax_amp_scale import _ffi
+
+pytestmark = pytest.mark.skipif(
+    "cpu" not in _ffi.unscale_platforms(), reason="native CPU module not built"
+)
+
+UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+# Inverse scales: ordinary, powers of two, ones whose products land in the
+# subnormal range or overflow.  The scale is float32(1 / inv): 7e-45 makes
+# it inf, so the inverse is 0.
+INVS = [1.0, 2.0**-16, 0.5, 3.0, 1 / 3, 2.0**100, 2.0**-100, 1e-38, 7e-45, 1e30]
+
+
+def _scale(inv):
+    with np.errstate(over="ignore"):
+        return np.float32(1.0) / np.float32(inv)
+
+
+def _check(backend):
+    return jax.jit(functools.partial(jas.unscale_and_check, backend=backend))
+
+
+def _bits(x):
+    x = np.asarray(x)
+    return x.view(UINT[x.dtype.itemsize])
+
+
+def _random_patterns(dtype, n, seed):
+    """Every kind of value: normals, subnormals, zeros, infs, NaNs with payloads."""
+    it = UINT[np.dtype(dtype).itemsize]
+    bits = np.random.default_rng(seed).integers(0, np.iinfo(it).max, n, dtype=it, endpoint=True)
+    return jnp.asarray(bits).view(dtype)
+
+
+@pytest.fixture
+def x64():
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)
+
+
+def _assert_same(a, b):
+    (out_a, found_a), (out_b, found_b) = a, b
+    np.testing.assert_array_equal(np.asarray(found_a), np.asarray(found_b))
+    for leaf_a, leaf_b in zip(jax.tree.leaves(out_a), jax.tree.leaves(out_b), strict=True):
+        assert leaf_a.dtype == leaf_b.dtype and leaf_a.shape == leaf_b.shape
+        np.testing.assert_array_equal(_bits(leaf_a), _bits(leaf_b))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
+def test_bits_equal_reference_on_every_bit_pattern(dtype):
+    x = _random_patterns(dtype, 1 << 16, seed=1)
+    ffi, ref = _check("ffi"), _check("reference")
+    for inv in INVS:
+        scale = _scale(inv)
+        _assert_same(ffi([x], scale), ref([x], scale))
+
+
+def test_bits_equal_reference_float64(x64):
+    x = _random_patterns(jnp.float64, 1 << 14, seed=2)
+    ffi, ref = _check("ffi"), _check("reference")
+    for inv in INVS:
+        scale = _scale(inv)
+        _assert_same(ffi({"w": x}, scale), ref({"w": x}, scale))
+
+
+def test_subnormals_flush_as_xla_cpu_does():
+    # XLA:CPU runs with denormals-are-zero and flush-to-zero; so does the handler.
+    x = jnp.array([1e-39, -3e-39, 1e-30, 1.0], jnp.float32)
+    out, _ = _check("ffi")([x], np.float32(1e10))
+    np.testing.assert_array_equal(np.asarray(out[0]), np.array([0.0, -0.0, 0.0, 1e-10], np.float32))
+
+
+@pytest.mark.parametrize("where", ["start", "end", "none"])
+def test_large_call_split_over_threads(where):
+    # Above 2**20 elements the handler shares chunks with XLA's thread pool.
+    big = jnp.asarray(np.random.default_rng(3).standard_normal(3_000_017).astype(np.float32))
+    half = jnp.ones((1_500_001,), jnp.float16)
+    if where == "start":
+        big = big.at[0].set(jnp.nan)
+    elif where == "end":
+        half = half.at[-1].set(jnp.inf)
+    tree = {"big": big, "half": half, "small": jnp.arange(5.0)}
+    out, found = _check("ffi")(tree, jnp.float32(4.0))
+    assert bool(found) == (where != "none")
+    _assert_same((out, found), _check("reference")(tree, jnp.float32(4.0)))
+
+
+def test_mixed_tree_zero_size_and_non_float_leaves():
+    tree = {
+        "f16": jnp.array([[0.5, 7.0], [-3.25, 65504.0]], jnp.float16),
+        "bf16": jnp.array([2.0, 0.125], jnp.bfloat16),
+        "empty": jnp.zeros((0, 3), jnp.float32),
+        "int": jnp.array([3, 4], jnp.int32),
+        "bool": jnp.array([True, False]),
+        "none": None,
+    }
+    for scale in (0.5, 2.0, 1024.0):
+        out, found = _check("ffi")(tree, jnp.float32(scale))
+        _assert_same((out, found), _check("reference")(tree, jnp.float32(scale)))
+        np.testing.assert_array_equal(out["int"], tree["int"])
+        assert out["none"] is None
+    # 65504 / 0.5 overflows float16: found.
+    assert bool(_check("ffi")(tree, jnp.float32(0.5))[1])
+
+
+def test_one_custom_call_whatever_the_leaf_count():
+    """The whole tree is one call: no per-leaf kernels, no per-leaf reductions."""
+    tree = [jnp.ones((64,), jnp.float32) * i for i in range(200)]
+    text = _check("ffi").lower(tree, jnp.float32(2.0)).compile().as_text()
+    entry = text[text.index("ENTRY") :]
+    assert entry.count('custom_call_target="jas_unscale_and_check"') == 1
+    assert "reduce(" not in entry
+
+
+@pytest.mark.parametrize("scale_batched", [True, False])
+def test_vmap_runs_the_reference_per_member(scale_batched):
+    rng = np.random.default_rng(4)
+    tree = {
+        "w": jnp.asarray(rng.standard_normal((3, 4, 5)).astype(np.float16)),
+        "b": jnp.asarray(rng.standard_normal((3, 5)).astype(np.float32)),
+    }
+    tree["w"] = tree["w"].at[1, 0, 0].set(jnp.inf)  # only member 1 overflows
+    scales = jnp.array([2.0, 4.0, 0.25], jnp.float32) if scale_batched else jnp.float32(8.0)
+    axes = 0 if scale_batched else None
+
+    def run(backend):
+        f = functools.partial(jas.unscale_and_check, backend=backend)
+        return jax.jit(jax.vmap(f, in_axes=(0, axes)))(tree, scales)
+
+    out, found = run("ffi")
+    np.testing.assert_array_equal(np.asarray(found), [False, True, False])
+    _assert_same((out, found), run("reference"))
+
+
+def test_grad_and_jvp_equal_the_reference():
+    x = jnp.array([1.0, -2.0, 3.0], jnp.float32)
+
+    def loss(backend, x, s):
+        out, _ = jas.unscale_and_check({"x": x}, s, backend=backend)
+        return jnp.sum(out["x"] ** 2)
+
+    for backend in ("ffi", "reference"):
+        g = jax.grad(loss, argnums=(1, 2))(backend, x, jnp.float32(4.0))
+        np.testing.assert_allclose(g[0], 2 * x / 16, rtol=1e-6)
+        np.testing.assert_allclose(g[1], -2 * jnp.sum(x**2) / 64, rtol=1e-6)
+    f = {
+        b: functools.partial(lambda b, x, s: jas.unscale_and_check([x], s, backend=b)[0][0], b)
+        for b in ("ffi", "reference")
+    }
+    primals, tangents = (x, jnp.float32(4.0)), (jnp.ones(3), jnp.float32(1.0))
+    p_ffi, t_ffi = jax.jvp(f["ffi"], primals, tangents)
+    p_ref, t_ref = jax.jvp(f["reference"], primals, tangents)
+    np.testing.assert_array_equal(p_ffi, p_ref)
+    np.testing.assert_array_equal(t_ffi, t_ref)
+
+
+def test_inside_shard_map_each_device_checks_its_shard():
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices")
+    try:
+        from jax import shard_map
+    except ImportError:  # jax < 0.7
+        from jax.experimental.shard_map import shard_map
+    mesh = Mesh(np.array(jax.devices()[:8]), ("x",))
+    g = jnp.arange(64.0, dtype=jnp.float32).reshape(8, 8).at[5, 3].set(jnp.inf)
+
+    def run(backend):
+        def body(g):
+            out, found = jas.unscale_and_check(g, jnp.float32(2.0), backend=backend)
+            return out, found.reshape(1)
+
+        spec = PartitionSpec("x")
+        return jax.jit(shard_map(body, mesh=mesh, in_specs=spec, out_specs=(spec, spec)))(g)
+
+    out, found = run("ffi")
+    np.testing.assert_array_equal(np.asarray(found), np.arange(8) == 5)
+    _assert_same((out, found), run("reference"))
+
+
+def test_loss_scaled_steps_equal_with_both_passes():
+    optax = pytest.importorskip("optax")
+    from jax_amp_scale.optax import loss_scaled
+
+    params = {"w": jnp.linspace(-1.0, 1.0, 12, dtype=jnp.float32).reshape(3, 4)}
+    grads_seq = [{"w": jnp.full((3, 4), 2.0**15, jnp.float32) * (i + 1) / 7} for i in range(4)] + [
+        {"w": jnp.full((3, 4), jnp.inf, jnp.float32)}
+    ]
+
+    def run(backend):
+        tx = loss_scaled(
+            optax.adam(1e-2), jas.dynamic_scale(2.0**16, growth_interval=2), backend=backend
+        )
+        state, p = tx.init(params), params
+        update = jax.jit(tx.update)
+        for g in grads_seq:
+            u, state = update(g, state, p)
+            p = optax.apply_updates(p, u)
+        return p, state
+
+    (p_ffi, s_ffi), (p_ref, s_ref) = run("ffi"), run("reference")
+    for a, b in zip(jax.tree.leaves((p_ffi, s_ffi)), jax.tree.leaves((p_ref, s_ref)), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert int(s_ffi.skipped_steps) == 1
+
+
+def test_auto_uses_the_fused_pass_in_a_one_device_process():
+    """auto: fused on a single CPU device; the reference when jit may partition."""
+    probe = (
+        "import jax, jax.numpy as jnp, jax_amp_scale as jas;"
+        "t = jax.jit(jas.unscale_and_check).lower([jnp.ones(4)], jnp.float32(2.0)).as_text();"
+        "print(jax.device_count(), 'jas_unscale_and_check' in t)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "True"]
+    if jax.device_count() > 1:  # this process: 8 virtual devices
+        text = jax.jit(jas.unscale_and_check).lower([jnp.ones(4)], jnp.float32(2.0)).as_text()
+        assert "jas_unscale_and_check" not in text
+
+
+def test_ffi_backend_on_a_platform_without_handler_fails_clearly():
+    check = functools.partial(jas.unscale_and_check, backend="ffi")
+    with pytest.raises(NotImplementedError, match="fused unscale-and-check handler for platform"):
+        export.export(jax.jit(check), platforms=["cuda"])([jnp.ones(3)], jnp.float32(2.0))
+    # auto and reference lower anywhere.
+    for backend in ("auto", "reference"):
+        f = functools.partial(jas.unscale_and_check, backend=backend)
+        export.export(jax.jit(f), platforms=["cuda", "cpu"])([jnp.ones(3)], jnp.float32(2.0))
+
+
+def test_bad_backend_is_named():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        jas.unscale_and_check([jnp.ones(3)], 2.0, backend="native")
+
+
+def test_ffi_backend_refuses_explicitly_sharded_leaves():
+    if jax.device_count() < 8 or not hasattr(jax.sharding, "AxisType"):
+        pytest.skip("needs 8 devices and explicit sharding")
+    from jax.sharding import AxisType, NamedSharding
+
+    mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Explicit,))
+    g = jax.device_put(jnp.ones((16,), jnp.float32), NamedSharding(mesh, PartitionSpec("x")))
+    with jax.sharding.use_mesh(mesh) if hasattr(jax.sharding, "use_mesh") else jax.set_mesh(mesh):
+        with pytest.raises(ValueError, match="backend='ffi' cannot take explicitly sharded"):
+            _check("ffi")([g], jnp.float32(2.0))
+        out, found = _check("auto")([g], jnp.float32(2.0))
+    np.testing.assert_array_equal(np.asarray(out[0]), np.full(16, 0.5, np.float32))
+    assert not bool(found)
