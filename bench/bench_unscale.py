@@ -60,10 +60,13 @@ def plain_copy(grads, scale):
     return [-g for g in grads], jnp.asarray(False)
 
 
-def ours(grads, state):
+def ours(backend):
     import jax_amp_scale as jas
 
-    return jas.unscale_and_check(grads, state)
+    def unscale_and_check(grads, state):
+        return jas.unscale_and_check(grads, state, backend=backend)
+
+    return unscale_and_check
 
 
 def jmp_unscale_check(grads, loss_scale):
@@ -98,7 +101,9 @@ def jax_candidates(ours_ok: bool):
     if ours_ok:
         import jax_amp_scale as jas
 
-        out["ours unscale_and_check"] = (ours, jas.init_scale_state)
+        # auto first: on one CPU device it is the fused native pass.
+        out["ours unscale_and_check[auto]"] = (ours("auto"), jas.init_scale_state)
+        out["ours unscale_and_check[reference]"] = (ours("reference"), jas.init_scale_state)
     out["jmp unscale + all_finite"] = (
         jmp_unscale_check,
         lambda s: jmp.DynamicLossScale(jnp.float32(s)),

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dump", metavar="DIR", help="write each optimized HLO here")
     args = ap.parse_args(argv)
     why = _steps.ours_available()
-    builders = _steps.candidates(("auto",) if why is None else ())
+    builders = _steps.candidates(("auto", "reference") if why is None else ())
     if why is not None:
         print(f"ours not probed: {why}")
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}")

@@ -23,11 +23,22 @@ Backend = Literal["auto", "reference", "ffi"]
 BACKENDS: tuple[str, ...] = ("auto", "reference", "ffi")
 
 # Platforms on which "auto" picks the native handler, when one is registered.
-# Measured in bench/bench_update_scale.py (see bench/RESULTS.md): on CPU the
-# fused reference is cheaper than a custom call, which also blocks fusion, so
-# "auto" keeps the reference there.  On Ascend the native operator is the
-# point of the library.
+# On Ascend the native operator is the point of the library.
 AUTO_PREFERS_FFI: frozenset[str] = frozenset({"ascend", "npu"})
+# Platforms on which "auto" picks it only in a one-device process (XLA cannot
+# partition a custom call, so with several devices a sharded state would be
+# gathered around it).  On CPU the custom call costs about 1 us per step
+# more than the reference at run time, but the reference's exact integer
+# product takes ~0.5 s to compile, the largest part of loss_scaled's compile
+# time (bench/RESULTS.md, workloads 3 and 4).
+AUTO_PREFERS_FFI_ONE_DEVICE: frozenset[str] = frozenset({"cpu"})
+
+
+def _auto_prefers_ffi(platform: str) -> bool:
+    if platform in AUTO_PREFERS_FFI:
+        return True
+    return platform in AUTO_PREFERS_FFI_ONE_DEVICE and jax.device_count() == 1
+
 
 _SHAPES = ((), (1,))
 
@@ -47,9 +58,13 @@ def available_backends(platform: str | None = None) -> tuple[str, ...]:
 
 
 def auto_backend(platform: str | None = None) -> str:
-    """The backend ``"auto"`` picks on `platform`."""
+    """The backend ``"auto"`` picks on `platform` in this process.
+
+    ``"ffi"`` on Ascend, and on CPU in a one-device process (when the state
+    is not explicitly sharded); ``"reference"`` elsewhere.
+    """
     platform = (platform or jax.default_backend()).lower()
-    if platform in AUTO_PREFERS_FFI and "ffi" in available_backends(platform):
+    if _auto_prefers_ffi(platform) and "ffi" in available_backends(platform):
         return "ffi"
     return "reference"
 
@@ -163,9 +178,10 @@ def amp_update_scale(
         return update_scale_reference(scale, tracker, found, **attrs)
     if chosen == "ffi":
         return _ffi.update_scale_ffi(scale, tracker, found, **attrs)
-    # auto: the native handler only where measurements favour it.
-    prefer = AUTO_PREFERS_FFI & _ffi.platforms()
-    if not prefer:
+    # auto: the native handler only where measurements favour it, and never
+    # for an explicitly sharded state (a custom call's result has no sharding).
+    prefer = frozenset(p for p in _ffi.platforms() if _auto_prefers_ffi(p))
+    if not prefer or any(_ffi.explicitly_sharded(x) for x in (scale, tracker, found)):
         return update_scale_reference(scale, tracker, found, **attrs)
     return _ffi.update_scale_ffi(
         scale, tracker, found, fallback=update_scale_reference, use_ffi_on=prefer, **attrs

@@ -21,7 +21,7 @@ import numpy as np
 
 from jax_amp_scale import _fused
 from jax_amp_scale._core import Backend, _check_backend
-from jax_amp_scale._ffi import unscale_platforms
+from jax_amp_scale._ffi import explicitly_sharded, unscale_platforms
 from jax_amp_scale._state import ScaleState
 
 PyTree = Any
@@ -186,17 +186,11 @@ def _fused_mode(backend: str) -> str | None:
         return "strict"
     # "auto": the native pass wherever it has a handler (CPU), unless the
     # program may be partitioned over several devices: XLA cannot partition
-    # a custom call, and would gather every gradient to run it.
+    # a custom call, and would gather every gradient to run it.  (The same
+    # rule as update_scale's AUTO_PREFERS_FFI_ONE_DEVICE.)
     if not unscale_platforms() or jax.device_count() != 1:
         return None
     return "auto"
-
-
-def _explicitly_sharded(x: Any) -> bool:
-    # An explicit-mode sharding in the type (jax.sharding.AxisType.Explicit):
-    # a custom call's results could not carry it.
-    spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
-    return spec is not None and any(p is not None for p in spec)
 
 
 def unscale_and_check(
@@ -234,7 +228,7 @@ def unscale_and_check(
         flags = [_leaf_finite(leaves[i]) for i in floating]
         return tree, jnp.logical_not(jnp.all(jnp.stack(flags)))
     inputs = [leaves[i] for i in floating]
-    if mode is not None and any(_explicitly_sharded(x) for x in inputs):
+    if mode is not None and any(explicitly_sharded(x) for x in inputs):
         if mode == "strict":
             raise ValueError(
                 "unscale_and_check: backend='ffi' cannot take explicitly sharded leaves "

@@ -103,7 +103,8 @@ def test_one_pass_over_gradients(suite):
     for t in jax_tables:
         names = [r.name for r in t.rows]
         assert names[0] == "plain copy"
-        assert ("ours unscale_and_check" in names) == _ours_expected()
+        ours = ["ours unscale_and_check[auto]", "ours unscale_and_check[reference]"]
+        assert (names[1:3] == ours) == _ours_expected()
         assert "% of copy throughput" in t.columns
 
 
@@ -195,7 +196,7 @@ def test_probe_hlo_counts_every_candidate():
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    names = list(_steps.candidates(("auto",) if _ours_expected() else ()))
+    names = list(_steps.candidates(("auto", "reference") if _ours_expected() else ()))
     for n in (2, 4):
         section = proc.stdout.split(f"#### step with {n} parameter leaves")[1].split("####")[0]
         rows = [

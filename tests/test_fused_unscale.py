@@ -219,12 +219,14 @@ def test_loss_scaled_steps_equal_with_both_passes():
     assert int(s_ffi.skipped_steps) == 1
 
 
-def test_auto_uses_the_fused_pass_in_a_one_device_process():
-    """auto: fused on a single CPU device; the reference when jit may partition."""
+def test_auto_uses_the_native_calls_in_a_one_device_process():
+    """auto: native calls on a single CPU device; the reference when jit may partition."""
     probe = (
         "import jax, jax.numpy as jnp, jax_amp_scale as jas;"
         "t = jax.jit(jas.unscale_and_check).lower([jnp.ones(4)], jnp.float32(2.0)).as_text();"
-        "print(jax.device_count(), 'jas_unscale_and_check' in t)"
+        "u = jax.jit(jas.update_scale).lower(jas.init_scale_state(), True).as_text();"
+        "print(jax.device_count(), 'jas_unscale_and_check' in t, 'jas_update_scale' in u,"
+        " jas.auto_backend('cpu'))"
     )
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["JAX_PLATFORMS"] = "cpu"
@@ -232,10 +234,13 @@ def test_auto_uses_the_fused_pass_in_a_one_device_process():
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["1", "True"]
+    assert out.stdout.split() == ["1", "True", "True", "ffi"]
     if jax.device_count() > 1:  # this process: 8 virtual devices
         text = jax.jit(jas.unscale_and_check).lower([jnp.ones(4)], jnp.float32(2.0)).as_text()
         assert "jas_unscale_and_check" not in text
+        text = jax.jit(jas.update_scale).lower(jas.init_scale_state(), True).as_text()
+        assert "jas_update_scale" not in text
+        assert jas.auto_backend("cpu") == "reference"
 
 
 def test_ffi_backend_on_a_platform_without_handler_fails_clearly():
