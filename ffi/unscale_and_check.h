@@ -125,50 +125,63 @@ inline uint16_t FloatToBFloat16(float f) {
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-// Each loop returns whether an unscaled value is inf or NaN.  Written
-// without early exits or branches on the data so the compiler vectorises
-// them; `out` may alias `in` (each element is read before it is written).
-inline bool UnscaleF32(const float* in, float* out, int64_t n, float inv) {
-  uint32_t bad = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float y = in[i] * inv;
-    out[i] = y;
-    bad |= static_cast<uint32_t>((F32Bits(y) & 0x7f800000u) == 0x7f800000u);
+// Applies `f` (value -> unscaled value) to `n` elements and ORs `bad`
+// (unscaled value -> 1 if inf or NaN, else 0) over the results.  Written
+// without early exits, branches on the data or stores other than `out`, so
+// the compiler vectorises it.  `out` is either `in` itself (in place: XLA
+// hands the handler aliased buffers) or a buffer that does not overlap it;
+// the two cases get separate loops because the compiler's runtime overlap
+// check would send exact aliasing to its scalar fallback.
+template <typename T, typename F, typename B>
+inline bool UnscaleLoop(const T* in, T* out, int64_t n, F f, B bad) {
+  uint32_t any = 0;
+  if (static_cast<const void*>(in) == static_cast<const void*>(out)) {
+    for (int64_t i = 0; i < n; ++i) {
+      const T y = f(out[i]);
+      out[i] = y;
+      any |= bad(y);
+    }
+  } else {
+    const T* __restrict src = in;
+    T* __restrict dst = out;
+    for (int64_t i = 0; i < n; ++i) {
+      const T y = f(src[i]);
+      dst[i] = y;
+      any |= bad(y);
+    }
   }
-  return bad != 0;
+  return any != 0;
+}
+
+inline bool UnscaleF32(const float* in, float* out, int64_t n, float inv) {
+  return UnscaleLoop(
+      in, out, n, [inv](float x) { return x * inv; },
+      [](float y) {
+        return static_cast<uint32_t>((F32Bits(y) & 0x7f800000u) == 0x7f800000u);
+      });
 }
 
 inline bool UnscaleF64(const double* in, double* out, int64_t n, double inv) {
-  uint64_t bad = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double y = in[i] * inv;
-    out[i] = y;
-    uint64_t bits;
-    std::memcpy(&bits, &y, sizeof(bits));
-    const uint64_t exp_mask = uint64_t{0x7ff} << 52;
-    bad |= static_cast<uint64_t>((bits & exp_mask) == exp_mask);
-  }
-  return bad != 0;
+  return UnscaleLoop(
+      in, out, n, [inv](double x) { return x * inv; },
+      [](double y) {
+        uint64_t bits;
+        std::memcpy(&bits, &y, sizeof(bits));
+        const uint64_t exp_mask = uint64_t{0x7ff} << 52;
+        return static_cast<uint32_t>((bits & exp_mask) == exp_mask);
+      });
 }
 
 inline bool UnscaleF16(const uint16_t* in, uint16_t* out, int64_t n, float inv) {
-  uint32_t bad = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint16_t y = FloatToHalf(HalfToFloat(in[i]) * inv);
-    out[i] = y;
-    bad |= static_cast<uint32_t>((y & 0x7c00u) == 0x7c00u);
-  }
-  return bad != 0;
+  return UnscaleLoop(
+      in, out, n, [inv](uint16_t x) { return FloatToHalf(HalfToFloat(x) * inv); },
+      [](uint16_t y) { return static_cast<uint32_t>((y & 0x7c00u) == 0x7c00u); });
 }
 
 inline bool UnscaleBF16(const uint16_t* in, uint16_t* out, int64_t n, float inv) {
-  uint32_t bad = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint16_t y = FloatToBFloat16(BFloat16ToFloat(in[i]) * inv);
-    out[i] = y;
-    bad |= static_cast<uint32_t>((y & 0x7f80u) == 0x7f80u);
-  }
-  return bad != 0;
+  return UnscaleLoop(
+      in, out, n, [inv](uint16_t x) { return FloatToBFloat16(BFloat16ToFloat(x) * inv); },
+      [](uint16_t y) { return static_cast<uint32_t>((y & 0x7f80u) == 0x7f80u); });
 }
 
 }  // namespace jas

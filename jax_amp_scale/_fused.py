@@ -33,7 +33,12 @@ Pass = Callable[[jax.Array, list[jax.Array]], tuple[jax.Array, list[jax.Array]]]
 def _native_call(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
     results = [jax.ShapeDtypeStruct((), jnp.bool_)]
     results += [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
-    call = jax.ffi.ffi_call(_ffi.UNSCALE_TARGET, tuple(results))
+    # In place, as torch's fused op: each unscaled leaf takes its gradient's
+    # buffer.  Inside a step the gradients are dead after this call, so XLA
+    # reuses them (no second gradient-sized buffer); a gradient still live
+    # elsewhere (a non-donated jit argument, say) gets copied first.
+    aliases = {k + 1: k + 1 for k in range(len(leaves))}
+    call = jax.ffi.ffi_call(_ffi.UNSCALE_TARGET, tuple(results), input_output_aliases=aliases)
     found, *outs = call(inv, *leaves)
     axes = frozenset().union(*(_ffi._varying_axes(x) for x in (inv, *leaves)))
     return _ffi._vary(found, axes), [_ffi._vary(u, axes) for u in outs]

@@ -64,7 +64,10 @@ def _assert_same(a, b):
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
 def test_bits_equal_reference_on_every_bit_pattern(dtype):
-    x = _random_patterns(dtype, 1 << 16, seed=1)
+    if np.dtype(dtype).itemsize == 2:  # all 65,536 of them
+        x = jnp.asarray(np.arange(1 << 16, dtype=np.uint16)).view(dtype)
+    else:
+        x = _random_patterns(dtype, 1 << 16, seed=1)
     ffi, ref = _check("ffi"), _check("reference")
     for inv in INVS:
         scale = _scale(inv)
