@@ -13,7 +13,7 @@ from jax import export
 from jax.sharding import Mesh, PartitionSpec
 
 import jax_amp_scale as jas
-from jax_amp_scale import _ffi
+from jax_amp_scale import _ffi, _fused
 
 pytestmark = pytest.mark.skipif(
     "cpu" not in _ffi.unscale_platforms(), reason="native CPU module not built"
@@ -122,13 +122,25 @@ def test_mixed_tree_zero_size_and_non_float_leaves():
     assert bool(_check("ffi")(tree, jnp.float32(0.5))[1])
 
 
-def test_one_custom_call_whatever_the_leaf_count():
-    """The whole tree is one call: no per-leaf kernels, no per-leaf reductions."""
-    tree = [jnp.ones((64,), jnp.float32) * i for i in range(200)]
+@pytest.mark.parametrize("n_leaves", [1, 64, 65, 200])
+def test_one_custom_call_per_group_of_leaves(n_leaves):
+    """A call per LEAVES_PER_CALL leaves: no per-leaf kernels or reductions."""
+    tree = [jnp.ones((64,), jnp.float32) * i for i in range(n_leaves)]
     text = _check("ffi").lower(tree, jnp.float32(2.0)).compile().as_text()
     entry = text[text.index("ENTRY") :]
-    assert entry.count('custom_call_target="jas_unscale_and_check"') == 1
+    calls = -(-n_leaves // _fused.LEAVES_PER_CALL)
+    assert entry.count('custom_call_target="jas_unscale_and_check"') == calls
     assert "reduce(" not in entry
+    # An overflow in any group, the last one included, is found.
+    for bad in (0, n_leaves - 1):
+        poisoned = list(tree)
+        poisoned[bad] = poisoned[bad].at[3].set(jnp.inf)
+        out, found = _check("ffi")(poisoned, jnp.float32(2.0))
+        assert bool(found)
+        _assert_same((out, found), _check("reference")(poisoned, jnp.float32(2.0)))
+    out, found = _check("ffi")(tree, jnp.float32(2.0))
+    assert not bool(found)
+    _assert_same((out, found), _check("reference")(tree, jnp.float32(2.0)))
 
 
 @pytest.mark.parametrize("scale_batched", [True, False])
