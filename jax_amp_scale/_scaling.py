@@ -193,6 +193,20 @@ def _fused_mode(backend: str) -> str | None:
     return "auto"
 
 
+def fused_pass_expected(tree: PyTree, backend: Backend) -> bool:
+    """Whether `unscale_and_check` will run the native fused pass on `tree`.
+
+    Decided at trace time for the default platform (a program lowered for
+    another one falls back at lowering); callers use it to pick how to
+    consume the flag, never for results: both passes give the same bits.
+    """
+    mode = _fused_mode(_check_backend(backend))
+    inputs = [x for x in jax.tree_util.tree_leaves(tree) if _is_float_leaf(x)]
+    if mode is None or not inputs or any(explicitly_sharded(x) for x in inputs):
+        return False
+    return jax.default_backend() in unscale_platforms()
+
+
 def unscale_and_check(
     tree: PyTree, state: Any, *, backend: Backend = "auto"
 ) -> tuple[PyTree, jax.Array]:

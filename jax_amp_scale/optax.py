@@ -92,12 +92,37 @@ def _update_unless(
     inner_state: Any,
     params: Any,
     extra_args: dict[str, Any],
+    *,
+    by_select: bool,
 ) -> tuple[Any, Any]:
-    """inner.update(...), or (zero updates, inner_state unchanged) when `found`."""
+    """inner.update(...), or (zero updates, inner_state unchanged) when `found`.
+
+    `by_select` picks how the step is skipped; both give the same bits.
+    A select per leaf fuses into that leaf's update kernel (no extra pass, and
+    the fewest kernels to compile), but only when `found` is a value XLA
+    cannot recompute: the fused native pass's flag.  A flag built from
+    per-leaf reductions is recomputed inside every leaf's kernel (compile
+    time then grows with the square of the tree) and the unscale fuses into
+    each reader: for those, one ``lax.cond`` (bench/RESULTS.md).
+    """
 
     def apply(operands: tuple[Any, Any]) -> tuple[Any, Any]:
         g, st = operands
         return _strong(inner.update(g, st, params, **extra_args))
+
+    if by_select:
+        new_updates, new_state = apply((grads, inner_state))
+        # A cond with constant branches hands the selects one materialised
+        # flag (the OR of several native calls, say) that XLA cannot copy
+        # into each kernel; optimization_barrier does not stop that on XLA:CPU.
+        found = jax.lax.cond(found, lambda: jnp.bool_(True), lambda: jnp.bool_(False))
+        updates = jax.tree_util.tree_map(
+            lambda u: jnp.where(found, jnp.zeros_like(u), u), new_updates
+        )
+        kept = jax.tree_util.tree_map(
+            lambda old, new: jnp.where(found, old.astype(new.dtype), new), inner_state, new_state
+        )
+        return updates, kept
 
     def skip(operands: tuple[Any, Any]) -> tuple[Any, Any]:
         # Built from the traced update so both branches carry the same
@@ -183,12 +208,11 @@ def loss_scaled(
         new_scale = state.scale.adjust(found, backend=backend)
         skipped = state.skipped_steps
         if drop:
-            # One lax.cond rather than a select per leaf: a per-leaf where makes
-            # XLA recompute the flag in every leaf's kernel, so the program (and
-            # compile time) grew with the square of the leaf count
-            # (bench/RESULTS.md); cond also skips the inner update's work.
+            by_select = not state.scale.is_identity and _scaling.fused_pass_expected(
+                updates, unscale_backend
+            )
             new_updates, new_inner = _update_unless(
-                found, inner, grads, state.inner_state, params, extra_args
+                found, inner, grads, state.inner_state, params, extra_args, by_select=by_select
             )
             skipped = skipped + found.astype(jnp.int32)
         else:

@@ -13,7 +13,7 @@ from jax import export
 from jax.sharding import Mesh, PartitionSpec
 
 import jax_amp_scale as jas
-from jax_amp_scale import _ffi, _fused
+from jax_amp_scale import _ffi, _fused, _scaling
 
 pytestmark = pytest.mark.skipif(
     "cpu" not in _ffi.unscale_platforms(), reason="native CPU module not built"
@@ -240,8 +240,9 @@ def test_auto_uses_the_native_calls_in_a_one_device_process():
         "import jax, jax.numpy as jnp, jax_amp_scale as jas;"
         "t = jax.jit(jas.unscale_and_check).lower([jnp.ones(4)], jnp.float32(2.0)).as_text();"
         "u = jax.jit(jas.update_scale).lower(jas.init_scale_state(), True).as_text();"
+        "from jax_amp_scale._scaling import fused_pass_expected as e;"
         "print(jax.device_count(), 'jas_unscale_and_check' in t, 'jas_update_scale' in u,"
-        " jas.auto_backend('cpu'))"
+        " jas.auto_backend('cpu'), e([jnp.ones(4)], 'auto'), e([jnp.ones(4)], 'reference'))"
     )
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["JAX_PLATFORMS"] = "cpu"
@@ -249,13 +250,14 @@ def test_auto_uses_the_native_calls_in_a_one_device_process():
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["1", "True", "True", "ffi"]
+    assert out.stdout.split() == ["1", "True", "True", "ffi", "True", "False"]
     if jax.device_count() > 1:  # this process: 8 virtual devices
         text = jax.jit(jas.unscale_and_check).lower([jnp.ones(4)], jnp.float32(2.0)).as_text()
         assert "jas_unscale_and_check" not in text
         text = jax.jit(jas.update_scale).lower(jas.init_scale_state(), True).as_text()
         assert "jas_update_scale" not in text
         assert jas.auto_backend("cpu") == "reference"
+        assert not _scaling.fused_pass_expected([jnp.ones(4)], "auto")
 
 
 def test_ffi_backend_on_a_platform_without_handler_fails_clearly():

@@ -202,3 +202,57 @@ def test_bad_input():
     tx = loss_scaled(optax.sgd(1.0))
     with pytest.raises(TypeError, match="LossScaledState"):
         tx.update({"w": jnp.ones(1)}, optax.EmptyState())
+
+
+@pytest.mark.parametrize("found", [False, True])
+def test_both_skip_strategies_give_the_same_bits(found):
+    """The select skip (fused flag) and the cond skip agree bit for bit."""
+    from jax_amp_scale.optax import _update_unless
+
+    inner = optax.with_extra_args_support(optax.chain(optax.clip(1.0), optax.adam(1e-2)))
+    params = params0()
+    state = inner.init(params)
+    state = inner.update(grads_at(1), state, params)[1]  # nonzero moments, count 1
+    grads = jax.tree.map(lambda g: g.at[0].set(jnp.nan), grads_at(2)) if found else grads_at(2)
+
+    def skip(by_select):
+        return jax.jit(
+            lambda g, s, p, f: _update_unless(f, inner, g, s, p, {}, by_select=by_select)
+        )(grads, state, params, jnp.array(found))
+
+    (u_sel, s_sel), (u_cond, s_cond) = skip(True), skip(False)
+    tree_equal(u_sel, u_cond)
+    tree_equal(s_sel, s_cond)
+    if found:
+        tree_equal(s_sel, state)
+        tree_equal(u_sel, jax.tree.map(jnp.zeros_like, grads))
+
+
+def test_select_skip_reads_one_flag_whatever_the_tree_size():
+    """With the fused pass's flag, no kernel of the step grows with the tree.
+
+    320 leaves make five native calls whose flags are OR-ed: if XLA copied
+    that OR into each leaf's update kernel, every such kernel would take all
+    five flags as operands; only the one kernel computing the OR may.
+    """
+    import re
+
+    from jax_amp_scale import _fused
+    from jax_amp_scale.optax import _update_unless
+
+    n = 320
+    calls = -(-n // _fused.LEAVES_PER_CALL)
+    assert calls >= 5
+    inner = optax.with_extra_args_support(optax.sgd(1e-3, momentum=0.9))
+    params = [jnp.ones((8,), jnp.float32) * i for i in range(n)]
+    state = inner.init(params)
+
+    def step(grads, st):
+        grads, found = jas.unscale_and_check(grads, jas.init_scale_state(4.0), backend="ffi")
+        return _update_unless(found, inner, grads, st, params, {}, by_select=True)
+
+    text = jax.jit(step).lower(params, state).compile().as_text()
+    heads = re.findall(r"^%fused\S* \((.*)\) -> ", text, flags=re.M)
+    assert heads, "no fusions: the test no longer looks at the step"
+    wide = [h for h in heads if h.count(": ") >= calls]
+    assert len(wide) <= 1, f"{len(wide)} kernels read every call's flag"
