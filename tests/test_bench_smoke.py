@@ -209,6 +209,26 @@ def test_probe_hlo_counts_every_candidate():
     assert "per-leaf kernels alone" in proc.stdout
 
 
+@pytest.mark.skipif(not _ours_expected(), reason="needs the native extension")
+def test_probe_transpose_times_every_shape():
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "probe_transpose.py"), "--tiny"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = proc.stdout.split("#### probe:")[1]
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ")][1:]
+    assert [r[0][2:] for r in rows] == [
+        "fused",
+        "copy, native pass, update",
+        "transpose copy alone",
+        "dot alone",
+    ]
+    assert all(float(r[1]) > 0 for r in rows)
+
+
 def test_harness_ratios_are_paired():
     ticks = iter(range(1000))
     seen: list[str] = []
