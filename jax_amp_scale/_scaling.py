@@ -216,7 +216,7 @@ def unscale_and_check(
       tree: gradients of the scaled loss (any pytree, mixed dtypes).
       state: where the scale lives (see the module docstring).
       backend: ``"reference"``: pure JAX, one unscale and one check per leaf.
-        ``"ffi"``: one native call over all floating leaves (CPU; an error
+        ``"ffi"``: the native pass over all floating leaves (CPU; an error
         at lowering time elsewhere).  ``"auto"`` (default): the native call
         on CPU when this process has one device and no leaf is sharded
         explicitly, the reference otherwise (a custom call cannot be
@@ -229,7 +229,7 @@ def unscale_and_check(
       when a scale below 1 is divided out is caught too.
 
     With the native pass, each gradient byte is read once and written once
-    (one custom call, on XLA's intra-op threads, whatever the leaf count);
+    (a custom call per 64 leaves, on XLA's intra-op threads);
     under ``vmap`` it runs the reference, and it is differentiable.
     """
     mode = _fused_mode(_check_backend(backend))
