@@ -1,4 +1,4 @@
-"""The fused native gradient pass: unscale and check every leaf in one call.
+"""The fused native gradient pass: unscale and check every leaf in one pass.
 
 One XLA FFI custom call (``jas_unscale_and_check``, ffi/unscale_and_check_cpu.cc)
 per group of up to `LEAVES_PER_CALL` leaves takes the float32 inverse scale

@@ -193,6 +193,21 @@ def _fused_mode(backend: str) -> str | None:
     return "auto"
 
 
+def _pass_mode(backend: str, inputs: list[Any]) -> str | None:
+    """`_fused_mode` for these floating leaves: explicitly sharded ones take
+    the reference under "auto", and are an error under "ffi"."""
+    mode = _fused_mode(backend)
+    if mode is not None and any(explicitly_sharded(x) for x in inputs):
+        if mode == "strict":
+            raise ValueError(
+                "unscale_and_check: backend='ffi' cannot take explicitly sharded leaves "
+                "(XLA cannot partition the custom call); use backend='auto' or "
+                "'reference', or call it inside shard_map"
+            )
+        return None
+    return mode
+
+
 def fused_pass_expected(tree: PyTree, backend: Backend) -> bool:
     """Whether `unscale_and_check` will run the native fused pass on `tree`.
 
@@ -200,9 +215,8 @@ def fused_pass_expected(tree: PyTree, backend: Backend) -> bool:
     another one falls back at lowering); callers use it to pick how to
     consume the flag, never for results: both passes give the same bits.
     """
-    mode = _fused_mode(_check_backend(backend))
     inputs = [x for x in jax.tree_util.tree_leaves(tree) if _is_float_leaf(x)]
-    if mode is None or not inputs or any(explicitly_sharded(x) for x in inputs):
+    if not inputs or _pass_mode(_check_backend(backend), inputs) is None:
         return False
     return jax.default_backend() in unscale_platforms()
 
@@ -232,7 +246,7 @@ def unscale_and_check(
     (a custom call per 64 leaves, on XLA's intra-op threads);
     under ``vmap`` it runs the reference, and it is differentiable.
     """
-    mode = _fused_mode(_check_backend(backend))
+    checked = _check_backend(backend)
     inv = _inverse(state)
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     floating = [i for i, x in enumerate(leaves) if _is_float_leaf(x)]
@@ -242,14 +256,7 @@ def unscale_and_check(
         flags = [_leaf_finite(leaves[i]) for i in floating]
         return tree, jnp.logical_not(jnp.all(jnp.stack(flags)))
     inputs = [leaves[i] for i in floating]
-    if mode is not None and any(explicitly_sharded(x) for x in inputs):
-        if mode == "strict":
-            raise ValueError(
-                "unscale_and_check: backend='ffi' cannot take explicitly sharded leaves "
-                "(XLA cannot partition the custom call); use backend='auto' or "
-                "'reference', or call it inside shard_map"
-            )
-        mode = None
+    mode = _pass_mode(checked, inputs)
     if mode is None:
         found, outs = _reference_pass(inv, inputs)
     else:
