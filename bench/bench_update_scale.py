@@ -7,7 +7,7 @@ Workloads (each timed interleaved in one process, medians of --reps runs):
             against the same step without it
 
 Prints per-step costs and ratios; the scan/vmap ratios decide "auto"
-(jax_amp_scale._core.AUTO_PREFERS_FFI).
+(jax_amp_scale.dispatch.backends.AUTO_NATIVE).
 
   python bench/bench_update_scale.py            # full size
   python bench/bench_update_scale.py --tiny     # smoke size

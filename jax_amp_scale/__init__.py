@@ -1,26 +1,14 @@
 """jax-amp-scale: dynamic loss scaling for JAX mixed-precision training."""
 
-# Ascend / PJRT plugins: importing it installs automatic registration on plugin discovery.
-from jax_amp_scale import plugin as plugin
-from jax_amp_scale._core import (
-    amp_update_scale,
-    auto_backend,
-    available_backends,
-    update_scale,
-)
+import importlib
+from typing import Any
 
-# Training layer (scaling helpers, scale kinds, trainer, policies).
-from jax_amp_scale._kinds import (
-    DynamicScale,
-    LossScale,
-    NoOpScale,
-    StaticScale,
-    as_loss_scale,
-    dynamic_scale,
-    no_op_scale,
-    static_scale,
-)
-from jax_amp_scale._scaling import (
+# The public surface, re-exported; nothing is defined here, and importing
+# registers nothing (native handlers load at the first trace that needs them).
+from jax_amp_scale.dispatch.backends import auto_backend, available_backends
+from jax_amp_scale.ops.update_scale import amp_update_scale, update_scale
+from jax_amp_scale.state.scale_state import ScaleState, init_scale_state
+from jax_amp_scale.training.helpers import (
     all_finite,
     find_scale_state,
     nonfinite_leaves,
@@ -30,8 +18,17 @@ from jax_amp_scale._scaling import (
     unscale_and_check,
     value_and_grad,
 )
-from jax_amp_scale._state import ScaleState, init_scale_state
-from jax_amp_scale.policy import Policy, get_policy, loss_scale_for
+from jax_amp_scale.training.loss_scale_kinds import (
+    DynamicScale,
+    LossScale,
+    NoOpScale,
+    StaticScale,
+    as_loss_scale,
+    dynamic_scale,
+    no_op_scale,
+    static_scale,
+)
+from jax_amp_scale.training.policy import Policy, get_policy, loss_scale_for
 
 __version__ = "0.1.0"
 
@@ -67,9 +64,12 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):  # Trainer needs optax, an optional extra: import it lazily
+def __getattr__(name: str) -> Any:
+    # Trainer needs optax, an optional extra; the submodules load on first use.
     if name == "Trainer":
-        from jax_amp_scale._trainer import Trainer
+        from jax_amp_scale.training.trainer import Trainer
 
         return Trainer
+    if name in ("optax", "plugin", "interop", "policy"):
+        return importlib.import_module(f"jax_amp_scale.{name}")
     raise AttributeError(f"module 'jax_amp_scale' has no attribute {name!r}")

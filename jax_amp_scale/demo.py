@@ -34,8 +34,8 @@ except ImportError:  # pragma: no cover - exercised by hand without the extra
     sys.exit("the demo needs optax: pip install 'jax-amp-scale[demo]'")
 
 import jax_amp_scale as jas
-from jax_amp_scale._trainer import Trainer
 from jax_amp_scale.policy import LEVELS, Policy, get_policy, loss_scale_for
+from jax_amp_scale.training.trainer import Trainer
 
 DIM, HIDDEN, CLASSES = 32, 128, 8
 N_TRAIN = 4096

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_amp_scale import _ascend, amp_update_scale
+from jax_amp_scale import amp_update_scale
+from jax_amp_scale.platforms import ascend as _ascend
 from tests.cann_double import control
 
 DTYPES = (jnp.float32, jnp.float16, jnp.bfloat16)
@@ -326,7 +327,7 @@ def test_bit_for_bit_equal_to_the_reference_lowering(cann, dtype, gf, bf):
 _TWO_DEVICES = """
 import json
 import jax, jax.numpy as jnp
-from jax_amp_scale import _ascend
+from jax_amp_scale.platforms import ascend as _ascend
 from tests.cann_double import control
 import ctypes, os
 core = ctypes.CDLL(os.environ["CD_CORE"])

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jax_amp_scale import _ascend
+from jax_amp_scale.platforms import ascend as _ascend
 from tests.cann_double import control
 
 
@@ -32,7 +32,7 @@ def _forget():
 
 _SCRIPT = """
 import json
-from jax_amp_scale import _ascend
+from jax_amp_scale.platforms import ascend as _ascend
 try:
     print(json.dumps({"ok": _ascend.load_cann()}))
 except _ascend.CannLoadError as e:

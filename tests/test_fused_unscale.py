@@ -13,10 +13,12 @@ from jax import export
 from jax.sharding import Mesh, PartitionSpec
 
 import jax_amp_scale as jas
-from jax_amp_scale import _ffi, _fused, _scaling
+from jax_amp_scale.lowering import gradient_pass as _fused
+from jax_amp_scale.platforms import native
+from jax_amp_scale.training import helpers as _scaling
 
 pytestmark = pytest.mark.skipif(
-    "cpu" not in _ffi.unscale_platforms(), reason="native CPU module not built"
+    "cpu" not in native.platforms("unscale_and_check"), reason="native CPU module not built"
 )
 
 UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -240,7 +242,7 @@ def test_auto_uses_the_native_calls_in_a_one_device_process():
         "import jax, jax.numpy as jnp, jax_amp_scale as jas;"
         "t = jax.jit(jas.unscale_and_check).lower([jnp.ones(4)], jnp.float32(2.0)).as_text();"
         "u = jax.jit(jas.update_scale).lower(jas.init_scale_state(), True).as_text();"
-        "from jax_amp_scale._scaling import fused_pass_expected as e;"
+        "from jax_amp_scale.training.helpers import fused_pass_expected as e;"
         "print(jax.device_count(), 'jas_unscale_and_check' in t, 'jas_update_scale' in u,"
         " jas.auto_backend('cpu'), e([jnp.ones(4)], 'auto'), e([jnp.ones(4)], 'reference'))"
     )

@@ -64,13 +64,14 @@ def fake_plugin(tmp_path_factory) -> Path:
 
 _FAKE = """
 import ctypes, json, os
-from jax_amp_scale import plugin, _ffi, _ascend
+from jax_amp_scale import plugin
+from jax_amp_scale.platforms import native, ascend as _ascend
 path = os.environ["FAKE_PJRT"]
 out = {}
 try:
     out["route"] = plugin.register(platform="ascend", library_path=path)
     out["again"] = plugin.register(platform="ascend", library_path=path)
-    out["platforms"] = sorted(_ffi.platforms())
+    out["platforms"] = sorted(native.platforms('update_scale'))
 except plugin.PluginRegistrationError as e:
     out["error"] = str(e)
 lib = ctypes.CDLL(path)
@@ -160,14 +161,15 @@ needs_cuda_wheel = pytest.mark.skipif(
 _REAL = """
 import json, os
 import jax
-from jax_amp_scale import plugin, _ffi, _native_cpu, _native_plugin
+from jax_amp_scale import plugin, _native_cpu, _native_plugin
+from jax_amp_scale.platforms import native
 path = os.environ["CUDA_PLUGIN"]
 out = {}
 api = _native_plugin.api_from_library(path)
 out["extensions"] = _native_plugin.extensions(api)
 out["route"] = plugin.register(platform="ascend", library_path=path)
 out["again"] = plugin.register(platform="ascend", library_path=path)
-out["platforms"] = sorted(_ffi.platforms())
+out["platforms"] = sorted(native.platforms('update_scale'))
 try:
     plugin.register(platform="ascend", library_path=path,
                     handler=_native_cpu.registrations()["jas_update_scale"])
@@ -211,8 +213,9 @@ def test_automatic_registration_when_jax_discovers_the_plugin():
         import jax
         import jax_amp_scale  # only the import: no explicit register()
         jax.devices()  # plugin discovery
-        from jax_amp_scale import plugin, _ffi
-        print(json.dumps({"routes": plugin.registrations(), "errors": _ffi.load_errors()}))
+        from jax_amp_scale import plugin
+from jax_amp_scale.platforms import native
+        print(json.dumps({"routes": plugin.registrations(), "errors": native.load_errors()}))
         """,
         JAX_PLATFORMS="cpu",
         JAX_AMP_SCALE_PLUGIN_PLATFORMS="cuda",

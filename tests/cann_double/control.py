@@ -84,7 +84,7 @@ def shared(tmp_path_factory: Any) -> CannDouble:
 
 def use(monkeypatch: Any, double: CannDouble, variant: str = "full") -> None:
     """Points the Ascend loader at `variant` of the double, fresh state."""
-    from jax_amp_scale import _ascend
+    from jax_amp_scale.platforms import ascend as _ascend
 
     for var in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "JAX_AMP_SCALE_CANN_OPAPI"):
         monkeypatch.delenv(var, raising=False)

@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from jax_amp_scale import _ffi
+from jax_amp_scale.platforms import registry
 
 TEST_TARGET = "jas_update_scale_ascend_test"
 
@@ -51,7 +51,8 @@ def load_cann() -> dict[str, str]:
 
 def handler_capsule() -> Any:
     """The production XLA FFI handler (binds ``PlatformStream<aclrtStream>``)."""
-    return native().registrations()[_ffi.TARGET]
+    mod = native()
+    return mod.registrations()[registry.module_targets(mod)[registry.UPDATE_SCALE]]
 
 
 _test_registered = False
@@ -83,14 +84,17 @@ def update_scale_test_binding(
     stream, so the buffers are host memory: only the CANN test double can
     serve it.
     """
-    from jax_amp_scale import _core
-    from jax_amp_scale._state import check_factor, check_growth_interval
+    from jax_amp_scale.lowering.update_scale import call_native
+    from jax_amp_scale.state import validation
+    from jax_amp_scale.state.scale_state import check_factor, check_growth_interval
 
     register_test_binding()
     gf = check_factor(growth_factor, "growth_factor")
     bf = check_factor(backoff_factor, "backoff_factor")
     gi = check_growth_interval(growth_interval)
-    scale = _core._check_scale(current_scale, "current_scale")
-    tracker = _core._check_tracker(growth_tracker, tuple(scale.shape), "growth_tracker")
-    found = _core._found_to_bool(found_inf, tuple(scale.shape))
-    return _ffi._ffi_call(scale, tracker, found, gf, bf, gi, target=TEST_TARGET)
+    scale = validation.check_scale(current_scale, "current_scale")
+    tracker = validation.check_tracker(growth_tracker, tuple(scale.shape), "growth_tracker")
+    found = validation.found_to_bool(found_inf, tuple(scale.shape))
+    return call_native(
+        TEST_TARGET, scale, tracker, found, growth_factor=gf, backoff_factor=bf, growth_interval=gi
+    )

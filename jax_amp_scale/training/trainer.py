@@ -18,9 +18,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_amp_scale import _kinds, _scaling
-from jax_amp_scale._core import Backend
-from jax_amp_scale.policy import Policy
+from jax_amp_scale.state.validation import Backend, check_bool
+from jax_amp_scale.training import helpers
+from jax_amp_scale.training.policy import Policy
 
 PyTree = Any
 
@@ -66,11 +66,16 @@ class Trainer:
     tx: Any = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        from jax_amp_scale.optax import loss_scaled  # optax is an optional extra
+        try:  # optax is an optional extra
+            from jax_amp_scale.training.optax import loss_scaled
+        except ModuleNotFoundError as e:
+            raise ModuleNotFoundError(
+                f"Trainer needs optax ({e}); install it with pip install 'jax-amp-scale[optax]'"
+            ) from e
 
         if self.policy is not None and not isinstance(self.policy, Policy):
             raise TypeError(f"policy must be a Policy or None, got {type(self.policy).__name__}")
-        _kinds._check_bool(self.has_aux, "has_aux")
+        check_bool(self.has_aux, "has_aux")
         tx = loss_scaled(
             self.optimizer,
             self.scale,
@@ -107,18 +112,14 @@ class Trainer:
             loss, aux = out if has_aux else (out, None)
             if policy is not None:
                 loss = policy.cast_to_output(loss)
-            if not _scaling._is_float_leaf(loss) or jnp.shape(loss) != ():
-                raise TypeError(
-                    "loss_fn must return a floating scalar loss, got "
-                    f"{getattr(loss, 'dtype', type(loss).__name__)} of shape {jnp.shape(loss)}"
-                )
-            return _scaling.scale_loss(loss, state), (loss, aux)
+            helpers.check_scalar_loss(loss, "loss_fn", has_aux)
+            return helpers.scale_loss(loss, state), (loss, aux)
 
         grads, (loss, aux) = jax.grad(scaled, has_aux=True)(params)
         if self.axis_name is not None:
             grads = jax.lax.pmean(grads, self.axis_name)
             loss = jax.lax.pmean(loss, self.axis_name)
-        scale_used = _scaling._scale_value(state)
+        scale_used = helpers.scale_value(state)
         updates, new_state = self.tx.update(grads, state, params)
         skipped = new_state.skipped_steps > state.skipped_steps
         new_params = optax.apply_updates(params, updates)

@@ -19,20 +19,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_amp_scale import _fused
-from jax_amp_scale._core import Backend, _check_backend
-from jax_amp_scale._ffi import explicitly_sharded, unscale_platforms
-from jax_amp_scale._state import ScaleState
+from jax_amp_scale.ops.gradient_pass import native_flag_expected, unscale_and_check_leaves
+from jax_amp_scale.ops.update_scale import or_across
+from jax_amp_scale.reference.gradient_pass import (
+    compute_dtype,
+    is_float_leaf,
+    leaf_finite,
+    unscale_leaf,
+)
+from jax_amp_scale.state.scale_state import ScaleState
+from jax_amp_scale.state.validation import Backend, check_backend
 
 PyTree = Any
-
-
-def _is_float_leaf(x: Any) -> bool:
-    dtype = getattr(x, "dtype", None)
-    if dtype is None:
-        return False
-    dtype = np.dtype(dtype)
-    return dtype != jax.dtypes.float0 and jnp.issubdtype(dtype, jnp.floating)
 
 
 def find_scale_state(tree: PyTree) -> ScaleState:
@@ -59,7 +57,7 @@ def _is_identity(state: Any) -> bool:
     return bool(getattr(state, "is_identity", False))
 
 
-def _scale_value(state: Any, name: str = "state") -> jax.Array:
+def scale_value(state: Any, name: str = "state") -> jax.Array:
     """The current loss scale held by `state`, as a float array (shape () or (1,))."""
     if isinstance(state, ScaleState):
         value = state.scale
@@ -89,12 +87,6 @@ def _scale_value(state: Any, name: str = "state") -> jax.Array:
     return value.reshape(())
 
 
-def _compute_dtype(dtype: Any) -> Any:
-    # float16/bfloat16 leaves are multiplied in float32 (one rounding back to
-    # the leaf dtype), float64 leaves in float64.
-    return jnp.promote_types(dtype, jnp.float32)
-
-
 def scale_loss(loss: PyTree, state: Any) -> PyTree:
     """Multiplies the loss by the current loss scale.
 
@@ -110,12 +102,12 @@ def scale_loss(loss: PyTree, state: Any) -> PyTree:
     """
     if _is_identity(state):
         return loss
-    scale = _scale_value(state)
+    scale = scale_value(state)
 
     def one(x: Any) -> Any:
-        if not _is_float_leaf(x):
+        if not is_float_leaf(x):
             return x
-        dt = _compute_dtype(x.dtype)
+        dt = compute_dtype(x.dtype)
         return x.astype(dt) * scale.astype(dt)
 
     return jax.tree_util.tree_map(one, loss)
@@ -125,24 +117,7 @@ def _inverse(state: Any) -> jax.Array | None:
     if _is_identity(state):
         return None
     # float32 reciprocal, as torch's GradScaler (which multiplies by inv_scale).
-    return jnp.float32(1.0) / _scale_value(state).astype(jnp.float32)
-
-
-def _unscale_leaf(x: Any, inv: jax.Array | None) -> Any:
-    if inv is None or not _is_float_leaf(x):
-        return x
-    dt = _compute_dtype(x.dtype)
-    return (x.astype(dt) * inv.astype(dt)).astype(x.dtype)
-
-
-def _leaf_finite(x: Any) -> jax.Array:
-    # min over a uint8 mask, not all() over a bool one: same answer, but
-    # XLA:CPU reduces uint8 with its vectorized (YNNPACK) reduction while it
-    # rewrites a pred reduction into slower reduce-window passes (measured:
-    # about 1.6x less time for unscale_and_check on CPU).
-    if x.size == 0:
-        return jnp.array(True)
-    return jnp.min(jnp.isfinite(x).astype(jnp.uint8)) == 1
+    return jnp.float32(1.0) / scale_value(state).astype(jnp.float32)
 
 
 def unscale(tree: PyTree, state: Any) -> PyTree:
@@ -152,7 +127,7 @@ def unscale(tree: PyTree, state: Any) -> PyTree:
     once back to its own dtype; integer/bool/float0 leaves pass unchanged.
     """
     inv = _inverse(state)
-    return jax.tree_util.tree_map(lambda x: _unscale_leaf(x, inv), tree)
+    return jax.tree_util.tree_map(lambda x: unscale_leaf(x, inv), tree)
 
 
 def all_finite(tree: PyTree) -> jax.Array:
@@ -160,65 +135,16 @@ def all_finite(tree: PyTree) -> jax.Array:
 
     Non-floating leaves are ignored; an empty tree is finite.
     """
-    flags = [_leaf_finite(x) for x in jax.tree_util.tree_leaves(tree) if _is_float_leaf(x)]
+    flags = [leaf_finite(x) for x in jax.tree_util.tree_leaves(tree) if is_float_leaf(x)]
     if not flags:
         return jnp.array(True)
     return jnp.all(jnp.stack(flags))
 
 
-def _reference_pass(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
-    # Each leaf's check is a reduction over the very expression that produces
-    # its unscaled value: the shape a multi-output fusion (XLA:GPU) turns into
-    # one pass.  XLA:CPU never fuses a reduction with its producer: there each
-    # leaf costs one kernel writing the unscaled leaf and one writing a 1-byte
-    # finiteness mask (then a vectorized reduction); tests/test_scaling.py
-    # pins that structure.
-    outs = [_unscale_leaf(x, inv) for x in leaves]
-    finite = jnp.all(jnp.stack([_leaf_finite(u) for u in outs]))
-    return jnp.logical_not(finite), outs
-
-
-def _fused_mode(backend: str) -> str | None:
-    """How `unscale_and_check` uses the native fused pass: None, "auto" or "strict"."""
-    if backend == "reference":
-        return None
-    if backend == "ffi":
-        return "strict"
-    # "auto": the native pass wherever it has a handler (CPU), unless the
-    # program may be partitioned over several devices: XLA cannot partition
-    # a custom call, and would gather every gradient to run it.  (The same
-    # rule as update_scale's AUTO_PREFERS_FFI_ONE_DEVICE.)
-    if not unscale_platforms() or jax.device_count() != 1:
-        return None
-    return "auto"
-
-
-def _pass_mode(backend: str, inputs: list[Any]) -> str | None:
-    """`_fused_mode` for these floating leaves: explicitly sharded ones take
-    the reference under "auto", and are an error under "ffi"."""
-    mode = _fused_mode(backend)
-    if mode is not None and any(explicitly_sharded(x) for x in inputs):
-        if mode == "strict":
-            raise ValueError(
-                "unscale_and_check: backend='ffi' cannot take explicitly sharded leaves "
-                "(XLA cannot partition the custom call); use backend='auto' or "
-                "'reference', or call it inside shard_map"
-            )
-        return None
-    return mode
-
-
 def fused_pass_expected(tree: PyTree, backend: Backend) -> bool:
-    """Whether `unscale_and_check` will run the native fused pass on `tree`.
-
-    Decided at trace time for the default platform (a program lowered for
-    another one falls back at lowering); callers use it to pick how to
-    consume the flag, never for results: both passes give the same bits.
-    """
-    inputs = [x for x in jax.tree_util.tree_leaves(tree) if _is_float_leaf(x)]
-    if not inputs or _pass_mode(_check_backend(backend), inputs) is None:
-        return False
-    return jax.default_backend() in unscale_platforms()
+    """Whether `unscale_and_check` will take its found flag from a native call on `tree`."""
+    leaves = [x for x in jax.tree_util.tree_leaves(tree) if is_float_leaf(x)]
+    return native_flag_expected(leaves, check_backend(backend))
 
 
 def unscale_and_check(
@@ -246,23 +172,16 @@ def unscale_and_check(
     (a custom call per 64 leaves, on XLA's intra-op threads);
     under ``vmap`` it runs the reference, and it is differentiable.
     """
-    checked = _check_backend(backend)
+    checked = check_backend(backend)
     inv = _inverse(state)
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    floating = [i for i, x in enumerate(leaves) if _is_float_leaf(x)]
+    floating = [i for i, x in enumerate(leaves) if is_float_leaf(x)]
     if not floating:
         return tree, jnp.array(False)
     if inv is None:  # identity scale: nothing to multiply, only the check
-        flags = [_leaf_finite(leaves[i]) for i in floating]
+        flags = [leaf_finite(leaves[i]) for i in floating]
         return tree, jnp.logical_not(jnp.all(jnp.stack(flags)))
-    inputs = [leaves[i] for i in floating]
-    mode = _pass_mode(checked, inputs)
-    if mode is None:
-        found, outs = _reference_pass(inv, inputs)
-    else:
-        found, outs = _fused.unscale_and_check_fused(
-            inv, inputs, fallback=_reference_pass, strict=mode == "strict"
-        )
+    found, outs = unscale_and_check_leaves(inv, [leaves[i] for i in floating], checked)
     for i, u in zip(floating, outs, strict=True):
         leaves[i] = u
     return jax.tree_util.tree_unflatten(treedef, leaves), found
@@ -277,9 +196,9 @@ def nonfinite_leaves(tree: PyTree) -> PyTree:
     """
 
     def one(x: Any) -> jax.Array:
-        if not _is_float_leaf(x):
+        if not is_float_leaf(x):
             return jnp.array(False)
-        return jnp.logical_not(_leaf_finite(x))
+        return jnp.logical_not(leaf_finite(x))
 
     return jax.tree_util.tree_map(one, tree)
 
@@ -294,10 +213,20 @@ def nonfinite_paths(report: PyTree) -> list[str]:
     return [jax.tree_util.keystr(path) for path, flag in flat if bool(np.asarray(flag))]
 
 
-def _or_across(found: jax.Array, axis_name: Hashable | None) -> jax.Array:
-    if axis_name is None:
-        return found
-    return jax.lax.pmax(found.astype(jnp.int32), axis_name) > 0
+def check_scalar_loss(loss: Any, name: str, has_aux: bool) -> None:
+    """Raises a TypeError naming `name` unless `loss` is a floating scalar."""
+    if isinstance(loss, tuple | list) and not has_aux:
+        raise TypeError(
+            f"{name} returned a {type(loss).__name__} of {len(loss)} items, not a scalar "
+            "loss; pass has_aux=True when it returns (loss, aux)"
+        )
+    shape = getattr(loss, "shape", None)
+    if not is_float_leaf(loss) or shape != ():
+        what = getattr(loss, "dtype", type(loss).__name__)
+        raise TypeError(
+            f"{name} must return a floating scalar loss, got {what}"
+            + (f" of shape {tuple(shape)}" if shape is not None else "")
+        )
 
 
 def value_and_grad(
@@ -338,11 +267,7 @@ def value_and_grad(
             loss, aux = out
         else:
             loss, aux = out, None
-        if not _is_float_leaf(loss) or jnp.shape(loss) != ():
-            raise TypeError(
-                "fun must return a floating scalar loss, got "
-                f"{getattr(loss, 'dtype', type(loss).__name__)} of shape {jnp.shape(loss)}"
-            )
+        check_scalar_loss(loss, "fun", has_aux)
         return scale_loss(loss, state), (loss, aux)
 
     grad_fn = jax.grad(scaled, argnums=argnums, has_aux=True)
@@ -350,7 +275,7 @@ def value_and_grad(
     def wrapped(*args: Any, **kwargs: Any) -> tuple[Any, PyTree, jax.Array]:
         grads, (loss, aux) = grad_fn(*args, **kwargs)
         grads, found = unscale_and_check(grads, state, backend=backend)
-        found = _or_across(found, axis_name)
+        found = or_across(found, axis_name)
         value = (loss, aux) if has_aux else loss
         return value, grads, found
 

@@ -1,6 +1,6 @@
 """The update rule in plain jax.numpy/lax: runs on every JAX platform.
 
-The products ``scale * factor`` are computed by `_product.mul_by_factor`,
+The products ``scale * factor`` are computed by `exact_product.mul_by_factor`,
 which rounds as torch does (exact product, to float64, to the scale dtype)
 with integer ops only; so this lowering, the native handlers and
 ``torch._amp_update_scale_`` agree bit for bit for float32 scales and any
@@ -14,7 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jax_amp_scale._product import FORMATS, mul_by_factor
+from jax_amp_scale.reference.exact_product import FORMATS, mul_by_factor
 
 
 # Jitted so that an eager (un-jitted) call runs as one compiled kernel instead

@@ -19,11 +19,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jax_amp_scale import _scaling
-from jax_amp_scale._core import Backend, _found_to_bool, update_scale
-from jax_amp_scale._state import (
+from jax_amp_scale.ops.update_scale import or_across, update_scale
+from jax_amp_scale.state.scale_state import (
     DEFAULT_BACKOFF_FACTOR,
     DEFAULT_GROWTH_FACTOR,
     DEFAULT_GROWTH_INTERVAL,
@@ -33,6 +31,8 @@ from jax_amp_scale._state import (
     check_factor,
     init_scale_state,
 )
+from jax_amp_scale.state.validation import Backend, check_bool, found_to_bool
+from jax_amp_scale.training import helpers
 
 PyTree = Any
 
@@ -88,20 +88,20 @@ class _Common:
         return self.state
 
     def scale(self, tree: PyTree) -> PyTree:
-        return _scaling.scale_loss(tree, self)
+        return helpers.scale_loss(tree, self)
 
     def unscale(self, tree: PyTree) -> PyTree:
-        return _scaling.unscale(tree, self)
+        return helpers.unscale(tree, self)
 
     def unscale_and_check(
         self, tree: PyTree, *, backend: Backend = "auto"
     ) -> tuple[PyTree, jax.Array]:
-        return _scaling.unscale_and_check(tree, self, backend=backend)
+        return helpers.unscale_and_check(tree, self, backend=backend)
 
 
 def _found(found_inf: Any, state: ScaleState, axis_name: Hashable | None) -> jax.Array:
-    found = _found_to_bool(found_inf, tuple(state.scale.shape))
-    return _scaling._or_across(found, axis_name)
+    found = found_to_bool(found_inf, tuple(state.scale.shape))
+    return or_across(found, axis_name)
 
 
 def _optional_bound(value: Any, name: str) -> float | None:
@@ -245,12 +245,6 @@ def _fixed_state(value: float, dtype: Any, shape: tuple[int, ...]) -> ScaleState
     return init_scale_state(value, 1.0, 1.0, INT32_MAX, dtype=dtype, shape=shape)
 
 
-def _check_bool(value: Any, name: str) -> bool:
-    if not isinstance(value, bool | np.bool_):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
-
-
 def dynamic_scale(
     init_scale: float = DEFAULT_INIT_SCALE,
     growth_factor: float = DEFAULT_GROWTH_FACTOR,
@@ -310,7 +304,7 @@ def static_scale(
     """A `StaticScale` of `loss_scale` (finite, > 0, finite in `dtype`)."""
     return StaticScale(
         state=_fixed_state(loss_scale, dtype, shape),
-        drop_overflow_update=_check_bool(drop_overflow_update, "drop_overflow_update"),
+        drop_overflow_update=check_bool(drop_overflow_update, "drop_overflow_update"),
     )
 
 
@@ -318,7 +312,7 @@ def no_op_scale(*, drop_overflow_update: bool = True) -> NoOpScale:
     """A `NoOpScale`: no scaling; non-finite steps skipped unless told otherwise."""
     return NoOpScale(
         state=_fixed_state(1.0, jnp.float32, ()),
-        drop_overflow_update=_check_bool(drop_overflow_update, "drop_overflow_update"),
+        drop_overflow_update=check_bool(drop_overflow_update, "drop_overflow_update"),
     )
 
 

@@ -1,0 +1,1 @@
+"""The backend choice: one rule, one table, for both operators."""

@@ -1,0 +1,138 @@
+"""What every custom call of this package needs, written once.
+
+- `per_platform`: `lax.platform_dependent` over the platforms that have a
+  handler, with every branch typed alike (shard_map varying axes included).
+- `unavailable`: an identity that fails at lowering time, with a clear
+  message, on a platform with no handler (``backend="ffi"`` there).
+- `with_reference_rules`: vmap and jvp of a native call taken from the
+  pure-JAX reference with the same signature.
+- `vary_like`: results typed as varying wherever an input varies
+  (`jax.ffi.ffi_call` types results from shapes and dtypes only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+from jax.interpreters import batching, mlir
+
+from jax_amp_scale.platforms import registry
+
+try:  # jax >= 0.4.36 exposes Primitive through jax.extend
+    from jax.extend.core import Primitive
+except ImportError:  # pragma: no cover
+    from jax.core import Primitive  # type: ignore[attr-defined,no-redef]
+
+_HINTS = {
+    registry.UPDATE_SCALE: "register one with jax_amp_scale.plugin.register(platform=...)",
+    registry.UNSCALE_AND_CHECK: "the fused pass has a native handler on CPU only",
+}
+_WHAT = {registry.UPDATE_SCALE: "", registry.UNSCALE_AND_CHECK: "fused unscale-and-check "}
+
+
+def varying_axes(x: jax.Array) -> frozenset[Any]:
+    """Manual mesh axes `x` varies over inside `shard_map` (empty elsewhere)."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "mat", None)  # jax >= 0.10
+    return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())
+
+
+def explicitly_sharded(x: Any) -> bool:
+    """Whether `x`'s type carries an explicit-mode sharding (AxisType.Explicit).
+
+    A custom call's results cannot carry one, so such inputs take the reference.
+    """
+    spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
+    return spec is not None and any(p is not None for p in spec)
+
+
+def _vary(x: jax.Array, axes: frozenset[Any]) -> jax.Array:
+    missing = tuple(a for a in sorted(axes, key=str) if a not in varying_axes(x))
+    if not missing:
+        return x
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(x, missing, to="varying")
+    return jax.lax.pvary(x, missing)  # type: ignore[attr-defined]  # jax < 0.8
+
+
+def vary_like(tree: Any, *inputs: Any) -> Any:
+    """`tree`'s arrays typed as varying over every axis any of `inputs` varies over."""
+    axes = frozenset().union(*(varying_axes(x) for x in jax.tree_util.tree_leaves(inputs)))
+    return jax.tree_util.tree_map(lambda x: _vary(x, axes), tree)
+
+
+# A primitive whose only job is to fail, at lowering time and with a clear
+# message, when backend="ffi" is lowered for a platform with no handler for
+# `op`.  It passes its operands through.  `lax.platform_dependent` traces
+# every branch but lowers only the chosen one, so this costs nothing where a
+# handler exists.
+_unavailable_p = Primitive("jas_ffi_unavailable")
+_unavailable_p.multiple_results = True
+_unavailable_p.def_abstract_eval(lambda *args, op: args)
+batching.primitive_batchers[_unavailable_p] = lambda args, dims, op: (
+    _unavailable_p.bind(*args, op=op),
+    dims,
+)
+
+
+def _unavailable_lowering(ctx: Any, *args: Any, op: str) -> Any:
+    have_set = registry.platforms(op)
+    missing = [p for p in ctx.module_context.platforms if p.lower() not in have_set]
+    if not missing:
+        # Older jax lowers every platform_dependent branch; this one is dead
+        # code for the platforms being lowered, so an identity is enough.
+        return list(args)
+    have = ", ".join(sorted(have_set)) or "none"
+    raise NotImplementedError(
+        f"jax_amp_scale: backend='ffi' has no native {_WHAT[op]}handler for platform "
+        f"'{','.join(missing)}' (handlers: {have}). Use backend='reference' or "
+        f"'auto'; {_HINTS[op]}."
+    )
+
+
+mlir.register_lowering(_unavailable_p, _unavailable_lowering)
+
+
+def unavailable(op: str, tree: Any) -> Any:
+    """`tree` unchanged, or a lowering-time error where `op` has no handler."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return jax.tree_util.tree_unflatten(treedef, _unavailable_p.bind(*leaves, op=op))
+
+
+def per_platform(
+    native: Callable[..., Any], other: Callable[..., Any], *args: Any, native_on: Iterable[str]
+) -> Any:
+    """``native(*args)`` when lowering for a platform in `native_on`, else ``other(*args)``."""
+    # Every branch must return the same type, varying axes included.
+    args = vary_like(args, args)
+    branches = {p: native for p in sorted(native_on)}
+    return jax.lax.platform_dependent(*args, default=other, **branches)
+
+
+def with_reference_rules(native: Callable[..., Any], reference: Callable[..., Any]) -> Any:
+    """`native` whose vmap and jvp are `reference`'s (same signature and results).
+
+    Under ``vmap`` the batched call runs the reference vmapped (one vectorised
+    program rather than a loop of calls); tangents come from the reference's
+    linear map, whose primal half is dead code XLA removes.
+    """
+    batched_native = jax.custom_batching.custom_vmap(native)
+
+    @batched_native.def_vmap
+    def _batched(axis_size: int, in_batched: Any, *args: Any) -> tuple[Any, Any]:
+        in_axes = jax.tree_util.tree_map(lambda b: 0 if b else None, in_batched)
+        out = jax.vmap(reference, in_axes=tuple(in_axes), axis_size=axis_size)(*args)
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    @jax.custom_jvp
+    def call(*args: Any) -> Any:
+        return batched_native(*args)
+
+    @call.defjvp
+    def _jvp(primals: Any, tangents: Any) -> tuple[Any, Any]:
+        _, tangent_out = jax.jvp(reference, primals, tangents)
+        return call(*primals), tangent_out
+
+    return call

@@ -1,0 +1,1 @@
+"""The operators: validate once, ask `dispatch` for a plan, run the reference or the custom call."""

@@ -1,0 +1,42 @@
+"""The gradient pass operator: unscale floating leaves and report inf/NaN.
+
+Takes the float32 inverse scale and the floating leaves already picked out
+of a gradient tree (the training layer does that), and runs the plan
+`dispatch` gives: the pure-JAX pass, or the fused native pass.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from jax_amp_scale.dispatch import backends
+from jax_amp_scale.lowering.gradient_pass import unscale_and_check_native
+from jax_amp_scale.reference.gradient_pass import reference_pass
+
+
+def unscale_and_check_leaves(
+    inv: jax.Array, leaves: list[jax.Array], backend: str
+) -> tuple[jax.Array, list[jax.Array]]:
+    """``(found_inf, unscaled)`` for nonempty floating `leaves`; `backend` checked."""
+    plan = backends.plan(backends.UNSCALE_AND_CHECK, backend, leaves)
+    if plan.mode == "reference":
+        return reference_pass(inv, leaves)
+    return unscale_and_check_native(
+        inv,
+        leaves,
+        target=plan.target,
+        native_on=plan.platforms,
+        reference=reference_pass,
+        strict=plan.mode == "strict",
+    )
+
+
+def native_flag_expected(leaves: list[jax.Array], backend: str) -> bool:
+    """Whether the found-inf flag of these leaves will come from a native call.
+
+    A native flag is a value XLA cannot recompute inside other kernels; the
+    training layer uses this to pick how to skip a step (same bits either way).
+    """
+    if not leaves:
+        return False
+    return backends.native_expected(backends.UNSCALE_AND_CHECK, backend, leaves)

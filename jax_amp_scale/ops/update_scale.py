@@ -1,0 +1,146 @@
+"""`amp_update_scale` and `update_scale`: validate, ask for a plan, run it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jax_amp_scale.dispatch import backends
+from jax_amp_scale.lowering.update_scale import update_scale_native
+from jax_amp_scale.reference.update_scale import update_scale_reference
+from jax_amp_scale.state.scale_state import ScaleState, check_factor, check_growth_interval
+from jax_amp_scale.state.validation import (
+    Backend,
+    check_backend,
+    check_scale,
+    check_tracker,
+    found_to_bool,
+)
+
+
+def or_across(found: jax.Array, axis_name: Hashable | None) -> jax.Array:
+    """`found` OR-reduced over the mapped axis (or tuple of axes) `axis_name`."""
+    if axis_name is None:
+        return found
+    return jax.lax.pmax(found.astype(jnp.int32), axis_name) > 0
+
+
+def amp_update_scale(
+    current_scale: jax.Array,
+    growth_tracker: jax.Array,
+    found_inf: Any,
+    *,
+    growth_factor: float,
+    backoff_factor: float,
+    growth_interval: int,
+    backend: Backend = "auto",
+    axis_name: Hashable | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """One dynamic loss-scale update, with the arguments of ``aclnnAmpUpdateScale``.
+
+    Args:
+      current_scale: float32, float16 or bfloat16 array of shape ``()`` or ``(1,)``.
+      growth_tracker: int32 array of the same shape.
+      found_inf: bool/int/float scalar (Python, NumPy or JAX; shape ``()`` or
+        ``(1,)``). Nonzero or NaN means this step overflowed.
+      growth_factor, backoff_factor: Python numbers, finite and > 0 (static).
+      growth_interval: Python int in [1, 2**31 - 1] (static).
+      backend: ``"reference"`` (pure JAX, every platform), ``"ffi"`` (the
+        native custom call; lowering fails clearly on a platform without a
+        handler) or ``"auto"`` (per lowering platform, the faster one measured
+        in ``bench/``).
+      axis_name: optional mapped axis name, or tuple of names, of
+        ``shard_map``/``pmap``/``vmap``; found_inf is OR-reduced across it so
+        every replica takes one decision.
+
+    Returns:
+      ``(updated_scale, updated_growth_tracker)``, shapes and dtypes of the inputs.
+      The state is not differentiable: gradients through it are zero.
+    """
+    chosen = check_backend(backend)
+    gf = check_factor(growth_factor, "growth_factor")
+    bf = check_factor(backoff_factor, "backoff_factor")
+    gi = check_growth_interval(growth_interval)
+    scale = check_scale(current_scale, "current_scale")
+    tracker = check_tracker(growth_tracker, tuple(scale.shape), "growth_tracker")
+    found = found_to_bool(found_inf, tuple(scale.shape))
+    return update_scale_checked(scale, tracker, found, gf, bf, gi, chosen, axis_name)
+
+
+def update_scale_checked(
+    scale: jax.Array,
+    tracker: jax.Array,
+    found: jax.Array,
+    growth_factor: float,
+    backoff_factor: float,
+    growth_interval: int,
+    backend: str,
+    axis_name: Hashable | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """`amp_update_scale` on inputs already checked (`found` a bool array)."""
+    # The state carries no gradient; stopping it here also means the custom
+    # call never needs a JVP rule under jax.grad.
+    scale, tracker, found = (jax.lax.stop_gradient(x) for x in (scale, tracker, found))
+    found = or_across(found, axis_name)
+    attrs: dict[str, Any] = dict(
+        growth_factor=growth_factor, backoff_factor=backoff_factor, growth_interval=growth_interval
+    )
+    plan = backends.plan(backends.UPDATE_SCALE, backend, [scale, tracker, found])
+    if plan.mode == "reference":
+        return update_scale_reference(scale, tracker, found, **attrs)
+
+    def reference(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return update_scale_reference(s, t, f, **attrs)
+
+    return update_scale_native(
+        scale,
+        tracker,
+        found,
+        target=plan.target,
+        native_on=plan.platforms,
+        fallback=reference if plan.mode == "native" else None,
+        **attrs,
+    )
+
+
+def update_scale(
+    state: ScaleState,
+    found_inf: Any,
+    backend: Backend = "auto",
+    *,
+    axis_name: Hashable | None = None,
+) -> ScaleState:
+    """Advances `state` by one step; see `ScaleState` for the rule.
+
+    Args:
+      state: the current `ScaleState`.
+      found_inf: bool/int/float scalar; nonzero or NaN means overflow.
+      backend: ``"auto"``, ``"reference"`` or ``"ffi"`` (see `amp_update_scale`).
+      axis_name: optional mapped axis name, or tuple of names, to OR-reduce
+        found_inf across.
+
+    Returns:
+      A new `ScaleState` with the same static fields.
+    """
+    if not isinstance(state, ScaleState):
+        hint = ""
+        if hasattr(state, "adjust"):
+            hint = "; a scale kind advances with its own .adjust(found_inf)"
+        elif hasattr(state, "inner_state"):
+            hint = "; take the ScaleState out with jax_amp_scale.find_scale_state(opt_state)"
+        raise TypeError(f"state must be a ScaleState, got {type(state).__name__}{hint}")
+    scale, tracker = amp_update_scale(
+        state.scale,
+        state.growth_tracker,
+        found_inf,
+        growth_factor=state.growth_factor,
+        backoff_factor=state.backoff_factor,
+        growth_interval=state.growth_interval,
+        backend=backend,
+        axis_name=axis_name,
+    )
+    return dataclasses.replace(state, scale=scale, growth_tracker=tracker)

@@ -1,0 +1,199 @@
+"""Register the update-scale handler on a PJRT plugin platform (Ascend, CUDA).
+
+JAX runs accelerators other than CPU/GPU/TPU through PJRT plugins.  A
+plugin's Python side may forward ``jax.ffi.register_ffi_target(...,
+platform=name)`` to the plugin (the jax CUDA plugin does when its
+``jax_cuda12_plugin`` companion is installed); the public experimental
+Ascend plugin does not.  `register` takes whichever route works:
+
+* ``"jax.ffi"``: the plugin's Python side has a custom-call handler for the
+  platform, so ``jax.ffi.register_ffi_target`` reaches it;
+* ``"pjrt"``: otherwise, through the PJRT C API FFI extension of the plugin
+  library (``GetPjrtApi()``, the extension chain, ``register_handler`` with
+  the platform name), in ``plugin/pjrt_register.cc``.
+
+After it, ``update_scale(..., backend="ffi")`` lowers to the native handler
+on that platform, and ``backend="auto"`` prefers it on Ascend.  Without a
+call, the first `update_scale` or `unscale_and_check` traced in a process
+whose JAX runs one of the platforms named in ``$JAX_AMP_SCALE_PLUGIN_PLATFORMS``
+(comma separated; default ``ascend,npu``) registers it (see
+`jax_amp_scale.platforms.native`); a failure there is kept in
+``jax_amp_scale.platforms.native.load_errors()`` instead of raised.
+Importing the package touches no plugin and no JAX internals.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import threading
+from typing import Any
+
+from jax_amp_scale.platforms import registry
+
+__all__ = ["PluginRegistrationError", "register", "registrations"]
+
+# Lowering platform -> the platform name the plugin's FFI registry uses.
+_REGISTRY_PLATFORM = {"cuda": "CUDA", "gpu": "CUDA", "rocm": "ROCM"}
+
+
+class PluginRegistrationError(RuntimeError):
+    """The handler could not be registered on the plugin platform."""
+
+
+_lock = threading.Lock()
+# (PJRT_Api address, registry platform lowercased, target) -> handler address.
+_done: dict[tuple[int, str, str], int] = {}
+_routes: dict[str, str] = {}
+
+
+def _capsule_pointer(capsule: Any, name: bytes | None) -> int:
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype = ctypes.c_char_p
+    get_name.argtypes = [ctypes.py_object]
+    if name is None:
+        name = get_name(capsule)
+    return int(get(capsule, name))
+
+
+def _default_handler(platform: str) -> Any:
+    if platform in ("cuda", "gpu"):
+        try:
+            mod = importlib.import_module("jax_amp_scale._native_cuda")
+        except ImportError as e:
+            raise PluginRegistrationError(
+                "the CUDA handler was not built (jax_amp_scale._native_cuda is "
+                f"missing: {e}); rebuild with a CUDA compiler on PATH"
+            ) from None
+        return mod.registrations()[registry.module_targets(mod)[registry.UPDATE_SCALE]]
+    from jax_amp_scale.platforms import ascend
+
+    return ascend.handler_capsule()
+
+
+def _backend_factories(discover: bool = True) -> dict[str, Any]:
+    from jax._src import xla_bridge as xb
+
+    run = getattr(xb, "_discover_and_register_pjrt_plugins", None)
+    if discover and run is not None:
+        run()
+    return dict(getattr(xb, "_backend_factories", {}))
+
+
+def _api_of_loaded_plugin(platform: str) -> int:
+    factories = _backend_factories()
+    factory = factories.get(platform)
+    c_api = getattr(factory, "c_api", None)
+    if c_api is None:
+        plugins = sorted(n for n, f in factories.items() if getattr(f, "c_api", None) is not None)
+        raise PluginRegistrationError(
+            f"JAX has not loaded a PJRT plugin named {platform!r} (PJRT plugins "
+            f"loaded: {plugins or 'none'}); install the plugin, or pass "
+            "library_path= to the plugin's .so"
+        )
+    return _capsule_pointer(c_api, b"pjrt_c_api")
+
+
+def _python_side_forwards(registry_platform: str) -> bool:
+    try:
+        from jax._src.lib import xla_client
+    except ImportError:  # pragma: no cover
+        return False
+    return registry_platform in getattr(xla_client, "_custom_callback_handler", {})
+
+
+def register(
+    platform: str = "ascend",
+    library_path: str | os.PathLike[str] | None = None,
+    *,
+    registry_platform: str | None = None,
+    handler: Any = None,
+    target: str | None = None,
+    _api: int | None = None,
+) -> str:
+    """Registers the update-scale handler on the PJRT plugin platform `platform`.
+
+    Args:
+      platform: the JAX platform name of the plugin (``"ascend"`` for the
+        Ascend plugin; ``"cuda"`` for the jax CUDA plugin).
+      library_path: the plugin's shared library.  Default: the library JAX
+        loaded for `platform` (JAX must have discovered the plugin).
+      registry_platform: the platform name inside the plugin's FFI registry
+        (default: ``"CUDA"`` for cuda, else `platform`).
+      handler: an XLA FFI handler capsule (default: the Ascend handler, or the
+        CUDA one for cuda).
+      target: the custom-call target name (default: the update-scale
+        target, ``"jas_update_scale"``).
+
+    Returns:
+      The route used: ``"jax.ffi"``, ``"pjrt"`` (C API, newer argument
+      layout) or ``"pjrt-versioned"`` (C API, older layout with api_version).
+
+    Idempotent: registering the same handler again returns without calling
+    the plugin.  Raises `PluginRegistrationError` when the library is not a
+    PJRT plugin, has no FFI extension, has an FFI extension of a version this
+    module does not know, when the plugin reports an error, or when another
+    handler was already registered here for the same target and platform.
+    """
+    platform = str(platform).lower()
+    update_target = registry.module_targets(importlib.import_module("jax_amp_scale._native_cpu"))[
+        registry.UPDATE_SCALE
+    ]
+    target = update_target if target is None else str(target)
+    reg_platform = registry_platform or _REGISTRY_PLATFORM.get(platform, platform)
+    capsule = handler if handler is not None else _default_handler(platform)
+    handler_address = _capsule_pointer(capsule, None)
+
+    with _lock:
+        if library_path is None and _python_side_forwards(reg_platform):
+            key = (0, reg_platform.lower(), target)
+            route = "jax.ffi"
+        else:
+            native = importlib.import_module("jax_amp_scale._native_plugin")
+            try:
+                if _api is not None:
+                    api = _api
+                elif library_path is not None:
+                    api = native.api_from_library(os.fspath(library_path))
+                else:
+                    api = _api_of_loaded_plugin(platform)
+            except RuntimeError as e:
+                raise PluginRegistrationError(str(e)) from None
+            key = (api, reg_platform.lower(), target)
+            route = ""
+        previous = _done.get(key)
+        if previous is not None:
+            if previous != handler_address:
+                raise PluginRegistrationError(
+                    f"conflicting registration: target {target!r} on platform "
+                    f"{reg_platform!r} already has another handler (0x{previous:x}) "
+                    f"in this plugin; not replacing it with 0x{handler_address:x}"
+                )
+            if target == update_target:
+                registry.mark_registered(registry.UPDATE_SCALE, platform)
+            return _routes[platform]
+        if route == "jax.ffi":
+            import jax
+
+            jax.ffi.register_ffi_target(target, capsule, platform=reg_platform)
+        else:
+            try:
+                layout = native.register_handler(key[0], target, capsule, reg_platform)
+            except RuntimeError as e:
+                raise PluginRegistrationError(str(e)) from None
+            route = "pjrt" if layout == "typed" else "pjrt-versioned"
+        _done[key] = handler_address
+        _routes[platform] = route
+    if target == update_target:
+        registry.mark_registered(registry.UPDATE_SCALE, platform)
+    return route
+
+
+def registrations() -> dict[str, str]:
+    """Platforms registered by `register` in this process, with the route used."""
+    with _lock:
+        return dict(_routes)
