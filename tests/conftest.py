@@ -1,16 +1,18 @@
-"""Session-wide test setup."""
+"""Session-wide test setup: one CPU device, as users get by default.
+
+With one device, ``backend="auto"`` is the native handler on CPU, so the
+default path is what these tests exercise.  The tests that need eight
+devices live in tests/multidevice/ and run in their own process
+(tests/test_multidevice.py launches it; XLA reads its device-count flag
+once per process, so the two cannot share one).
+"""
 
 import os
 
 # Tests that check bits compare against NumPy; keep JAX on the host CPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# Eight virtual CPU devices for the multi-device tests (test_sharding.py,
-# test_shard_map.py, test_population.py).  XLA reads the flag once, when JAX
-# starts its CPU backend, so it is set here, before any test module touches
-# JAX; pytest imports this file first.  Single-device tests are unaffected:
-# un-sharded arrays live on device 0.  An explicit setting in the environment
-# wins; the multi-device tests skip when fewer than 8 devices are present.
-_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
-if _DEVICE_COUNT_FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_COUNT_FLAG}=8".strip()
+MULTIDEVICE = os.environ.get("JAS_MULTIDEVICE") == "1"
+
+# Collected only by the multi-device process (tests/multidevice/conftest.py).
+collect_ignore = [] if MULTIDEVICE else ["multidevice"]

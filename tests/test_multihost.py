@@ -24,6 +24,9 @@ import pytest
 
 from tests._rule import rule
 
+# Three processes joined by jax.distributed: CI runs it (python -m pytest -m slow).
+pytestmark = pytest.mark.slow
+
 WORKER = Path(__file__).with_name("multihost_worker.py")
 NUM_PROCESSES = 3
 OVERFLOW_PROCESS = 1

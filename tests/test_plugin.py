@@ -155,14 +155,14 @@ def _cuda_plugin_path() -> Path | None:
 CUDA_PLUGIN = _cuda_plugin_path()
 needs_cuda_wheel = pytest.mark.skipif(
     CUDA_PLUGIN is None,
-    reason="jax-cuda12-pjrt (the test extra) is not installed: no real PJRT plugin binary",
+    reason="jax-cuda12-pjrt (the test-plugin extra) is not installed: no real PJRT plugin binary",
 )
 
 _REAL = """
 import json, os
 import jax
 from jax_amp_scale import plugin, _native_cpu, _native_plugin
-from jax_amp_scale.platforms import native
+from jax_amp_scale.platforms import native, pjrt
 path = os.environ["CUDA_PLUGIN"]
 out = {}
 api = _native_plugin.api_from_library(path)
@@ -180,7 +180,7 @@ except plugin.PluginRegistrationError as e:
 from jax._src import xla_bridge as xb
 xb._discover_and_register_pjrt_plugins()
 out["jax_loaded_same_api"] = (
-    plugin._api_of_loaded_plugin("cuda") == api
+    pjrt.loaded_plugin_api("cuda") == api
 )
 out["loaded_route"] = plugin.register(
     platform="cuda", registry_platform="ascend_via_cuda_test",
@@ -204,20 +204,30 @@ def test_real_cuda_pjrt_plugin_registration():
 
 
 @needs_cuda_wheel
-def test_automatic_registration_when_jax_discovers_the_plugin():
+def test_automatic_registration_at_the_first_trace_on_a_running_plugin():
     if importlib.util.find_spec("jax_amp_scale._native_cuda") is None:
         pytest.skip("the CUDA handler was not built here (no CUDA compiler)")
     out = _run(
         """
         import json
         import jax
-        import jax_amp_scale  # only the import: no explicit register()
-        jax.devices()  # plugin discovery
+        import jax_amp_scale as jas
         from jax_amp_scale import plugin
-from jax_amp_scale.platforms import native
-        print(json.dumps({"routes": plugin.registrations(), "errors": native.load_errors()}))
+        from jax_amp_scale.platforms import native
+        before = plugin.registrations()  # importing registers nothing
+        # JAX_PLATFORMS=cpu keeps JAX from running CUDA on this GPU-less
+        # machine; report the discovered plugin as running so that the first
+        # trace registers it, as it would on a GPU machine.
+        devices = jax.devices
+        jax.devices = lambda backend=None: ["gpu0"] if backend == "cuda" else devices(backend)
+        jax.jit(lambda s: jas.update_scale(s, False))(jas.init_scale_state())
+        print(json.dumps({"before": before, "routes": plugin.registrations(),
+                          "platforms": sorted(native.platforms("update_scale")),
+                          "errors": native.load_errors()}))
         """,
         JAX_PLATFORMS="cpu",
         JAX_AMP_SCALE_PLUGIN_PLATFORMS="cuda",
     )
+    assert out["before"] == {}
     assert out["routes"] == {"cuda": "pjrt"}, out["errors"]
+    assert "cuda" in out["platforms"]

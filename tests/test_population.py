@@ -11,63 +11,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding
-from jax.sharding import PartitionSpec as P
 
 import jax_amp_scale as jas
-from tests._rule import rule
+from tests.population import STEPS, N, expected_member, population, random_founds, run_population
 
 BACKENDS = ["reference", "ffi"]
-N = 16
-STEPS = 20
-
-
-def _population(n=N, dtype=jnp.float32, shape=(), init_scale=2.0**10):
-    one = jas.init_scale_state(init_scale, growth_interval=3, dtype=dtype, shape=shape)
-    return jax.tree.map(lambda a: jnp.broadcast_to(a, (n, *a.shape)), one)
-
-
-def _found(seed=0, n=N, p=0.2):
-    return np.random.default_rng(seed).random((STEPS, n)) < p
-
-
-def _expected_member(state, founds):
-    """One member alone, step by step, by the plain-Python rule (tests/_rule.py)."""
-    s = np.asarray(state.scale).reshape(-1)[0]
-    g = int(np.asarray(state.growth_tracker).reshape(-1)[0])
-    shape = np.shape(state.scale)
-    out = []
-    for f in founds:
-        s, g = rule(s, g, bool(f), state.growth_factor, state.backoff_factor, state.growth_interval)
-        out.append((np.full(shape, s), np.full(shape, g, np.int32)))
-    return out
-
-
-def _run_population(backend, axis_name=None):
-    def step(states, found):
-        new = jax.vmap(
-            lambda s, f: jas.update_scale(s, f, backend, axis_name=axis_name),
-            axis_name=axis_name,
-        )(states, found)
-        return new, (new.scale, new.growth_tracker)
-
-    @jax.jit
-    def run(states, founds):
-        return jax.lax.scan(step, states, founds)[1]
-
-    return run
 
 
 @pytest.mark.parametrize("shape", [(), (1,)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16], ids=str)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_members_follow_their_own_trajectories(backend, dtype, shape):
-    states, founds = _population(dtype=dtype, shape=shape), _found()
-    scales, trackers = map(np.asarray, _run_population(backend)(states, founds))
+    states, founds = population(dtype=dtype, shape=shape), random_founds()
+    scales, trackers = map(np.asarray, run_population(backend)(states, founds))
     assert scales.shape == (STEPS, N, *shape) and scales.dtype == dtype
     member0 = jax.tree.map(lambda a: a[0], states)
     for m in range(N):
-        want = _expected_member(member0, founds[:, m])
+        want = expected_member(member0, founds[:, m])
         np.testing.assert_array_equal(np.asarray(scales[:, m]), np.stack([w[0] for w in want]))
         np.testing.assert_array_equal(np.asarray(trackers[:, m]), np.stack([w[1] for w in want]))
     # Same start, own flags, own end: the members really diverged.
@@ -84,22 +44,22 @@ def test_members_with_different_starts(backend):
         backoff_factor=one.backoff_factor,
         growth_interval=one.growth_interval,
     )
-    founds = _found(seed=1)
-    scales, trackers = map(np.asarray, _run_population(backend)(states, founds))
+    founds = random_founds(seed=1)
+    scales, trackers = map(np.asarray, run_population(backend)(states, founds))
     for m in range(N):
         member = jax.tree.map(lambda a, m=m: a[m], states)
-        want = _expected_member(member, founds[:, m])
+        want = expected_member(member, founds[:, m])
         np.testing.assert_array_equal(np.asarray(scales[:, m]), np.stack([w[0] for w in want]))
         np.testing.assert_array_equal(np.asarray(trackers[:, m]), np.stack([w[1] for w in want]))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_axis_name_makes_the_population_share_one_decision(backend):
-    founds = _found(seed=2, p=0.05)
+    founds = random_founds(seed=2, p=0.05)
     assert 0 < founds.any(axis=1).sum() < STEPS and not founds.all(axis=1).any()
-    scales = np.asarray(_run_population(backend, axis_name="pop")(_population(), founds)[0])
-    member0 = jax.tree.map(lambda a: a[0], _population())
-    want = _expected_member(member0, founds.any(axis=1))
+    scales = np.asarray(run_population(backend, axis_name="pop")(population(), founds)[0])
+    member0 = jax.tree.map(lambda a: a[0], population())
+    want = expected_member(member0, founds.any(axis=1))
     for m in range(N):
         np.testing.assert_array_equal(np.asarray(scales[:, m]), np.stack([w[0] for w in want]))
 
@@ -125,7 +85,7 @@ def test_population_of_models_skips_per_member(backend):
     y = rng.standard_normal((N, 8, 2)).astype(np.float32)
     bad = [3, 11]
     x[bad, 0, 0] = np.inf  # those members' data only
-    states = _population()
+    states = population()
     new_states, new_w = jax.jit(jax.vmap(_member_step(backend)))(states, w, x, y)
     step = jax.jit(_member_step("reference"))
     for m in range(N):
@@ -139,121 +99,6 @@ def test_population_of_models_skips_per_member(backend):
             assert not np.array_equal(np.asarray(new_w[m]), w[m])
         assert new_states.scale[m] == want_state.scale
         np.testing.assert_allclose(np.asarray(new_w[m]), np.asarray(want_w), rtol=1e-6)
-
-
-_needs_8 = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (tests/conftest.py)")
-MODES = [AxisType.Explicit, AxisType.Auto]
-
-
-def _pop_mesh(mode):
-    return jax.make_mesh((8,), ("pop",), axis_types=(mode,))
-
-
-def _one_step(backend):
-    return jax.jit(jax.vmap(lambda s, f: jas.update_scale(s, f, backend)))
-
-
-_FFI_UNPARTITIONED = (
-    "XLA cannot partition the jas_update_scale custom call: under jit it "
-    "all-gathers a sharded population and returns it replicated, which in "
-    "explicit mode changes the type of the state. Use shard_map (test below)."
-)
-
-
-@_needs_8
-@pytest.mark.parametrize(
-    ("mode", "backend"),
-    [
-        (AxisType.Explicit, "reference"),
-        (AxisType.Auto, "reference"),
-        pytest.param(
-            AxisType.Explicit,
-            "ffi",
-            marks=pytest.mark.xfail(strict=True, raises=ValueError, reason=_FFI_UNPARTITIONED),
-        ),
-        (AxisType.Auto, "ffi"),
-    ],
-    ids=str,
-)
-def test_population_sharded_over_devices(mode, backend):
-    # Members spread over the mesh (2 per device): the same trajectories.
-    states, founds = _population(), _found(seed=4)[:6]
-    want = [_expected_member(jax.tree.map(lambda a: a[0], states), founds[:, m]) for m in range(N)]
-    step = _one_step(backend)
-    mesh = _pop_mesh(mode)
-    with jax.set_mesh(mesh):
-        states = jax.device_put(states, NamedSharding(mesh, P("pop")))
-        for t, found in enumerate(founds):
-            states = step(states, jax.device_put(found, NamedSharding(mesh, P("pop"))))
-            np.testing.assert_array_equal(np.asarray(states.scale), [w[t][0] for w in want])
-            np.testing.assert_array_equal(
-                np.asarray(states.growth_tracker), [w[t][1] for w in want]
-            )
-
-
-def _collectives(text):
-    ops = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
-    return [line for line in text.splitlines() if any(f" {op}(" in line for op in ops)]
-
-
-def _stays_sharded(mode, backend):
-    mesh = _pop_mesh(mode)
-    with jax.set_mesh(mesh):
-        sharding = NamedSharding(mesh, P("pop"))
-        states = jax.device_put(_population(), sharding)
-        found = jax.device_put(_found(seed=4)[0], sharding)
-        out = _one_step(backend)(states, found)
-        text = _one_step(backend).lower(states, found).compile().as_text()
-    assert out.scale.sharding.is_equivalent_to(sharding, 1), out.scale.sharding
-    assert _collectives(text) == []
-
-
-@_needs_8
-@pytest.mark.parametrize("mode", MODES, ids=str)
-def test_sharded_population_stays_sharded_reference(mode):
-    _stays_sharded(mode, "reference")
-
-
-@_needs_8
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=_FFI_UNPARTITIONED)
-@pytest.mark.parametrize("mode", MODES, ids=str)
-def test_sharded_population_stays_sharded_ffi(mode):
-    _stays_sharded(mode, "ffi")
-
-
-@_needs_8
-@pytest.mark.parametrize(
-    "backend",
-    [
-        "reference",
-        "ffi",
-    ],
-)
-@pytest.mark.parametrize("mode", MODES, ids=str)
-def test_sharded_population_under_shard_map(mode, backend):
-    # Each device updates its own members (vmap inside shard_map): no
-    # collective, the population stays where it is, and the trajectories are
-    # those of the members alone.
-    states, founds = _population(), _found(seed=5)
-    want_scales, want_trackers = _run_population("reference")(states, founds)
-    mesh = _pop_mesh(mode)
-    with jax.set_mesh(mesh):
-        run = jax.jit(
-            jax.shard_map(
-                _run_population(backend),
-                mesh=mesh,
-                in_specs=(P("pop"), P(None, "pop")),
-                out_specs=P(None, "pop"),
-            )
-        )
-        args = (
-            jax.device_put(states, NamedSharding(mesh, P("pop"))),
-            jax.device_put(founds, NamedSharding(mesh, P(None, "pop"))),
-        )
-        scales, trackers = run(*args)
-        assert _collectives(run.lower(*args).compile().as_text()) == []
-    np.testing.assert_array_equal(np.asarray(scales), np.asarray(want_scales))
-    np.testing.assert_array_equal(np.asarray(trackers), np.asarray(want_trackers))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

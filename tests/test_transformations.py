@@ -184,14 +184,31 @@ def test_jvp_and_vjp_shapes(backend):
 
 
 def test_available_backends():
+    import importlib.util
+
     assert jas.available_backends("cpu") == ("reference", "ffi")
     assert jas.available_backends("tpu") == ("reference",)
     assert jas.available_backends() == ("reference", "ffi")  # tests run on CPU
-    assert jas.auto_backend("cpu") == "reference"
+    assert jas.auto_backend("cpu") == "ffi"  # one device in this process
     assert jas.auto_backend("tpu") == "reference"
+    # CUDA: "ffi" where _native_cuda was built (nvcc at install), and never
+    # "auto"'s pick (the reference there, bench/RESULTS.md); "gpu" is "cuda".
+    cuda = (
+        ("reference", "ffi")
+        if importlib.util.find_spec("jax_amp_scale._native_cuda")
+        else ("reference",)
+    )
+    assert jas.available_backends("cuda") == cuda
+    assert jas.available_backends("gpu") == cuda
+    assert jas.auto_backend("cuda") == "reference" and jas.auto_backend("gpu") == "reference"
+    # Ascend without a registered plugin: the reference only.
+    assert jas.available_backends("ascend") == ("reference",)
+    assert jas.auto_backend("ascend") == "reference"
 
 
-def test_auto_on_cpu_lowers_to_the_reference():
+def test_auto_on_one_cpu_device_lowers_to_the_native_call():
     st = jas.init_scale_state()
     hlo = jax.jit(lambda s: jas.update_scale(s, True)).lower(st).as_text()
+    assert "jas_update_scale" in hlo
+    hlo = jax.jit(lambda s: jas.update_scale(s, True, "reference")).lower(st).as_text()
     assert "jas_update_scale" not in hlo

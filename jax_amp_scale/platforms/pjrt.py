@@ -84,7 +84,7 @@ def _backend_factories(discover: bool = True) -> dict[str, Any]:
     return dict(getattr(xb, "_backend_factories", {}))
 
 
-def _api_of_loaded_plugin(platform: str) -> int:
+def loaded_plugin_api(platform: str) -> int:
     factories = _backend_factories()
     factory = factories.get(platform)
     c_api = getattr(factory, "c_api", None)
@@ -160,7 +160,7 @@ def register(
                 elif library_path is not None:
                     api = native.api_from_library(os.fspath(library_path))
                 else:
-                    api = _api_of_loaded_plugin(platform)
+                    api = loaded_plugin_api(platform)
             except RuntimeError as e:
                 raise PluginRegistrationError(str(e)) from None
             key = (api, reg_platform.lower(), target)

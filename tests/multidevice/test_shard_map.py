@@ -17,10 +17,6 @@ from jax.sharding import PartitionSpec as P
 import jax_amp_scale as jas
 from tests._rule import rule
 
-pytestmark = pytest.mark.skipif(
-    jax.device_count() < 8, reason="needs 8 devices (tests/conftest.py sets XLA_FLAGS)"
-)
-
 MODES = [AxisType.Explicit, AxisType.Auto]
 BACKENDS = ["reference", "ffi"]
 # mesh shape, axis names; found_inf is reduced over all of them (a tuple

@@ -23,10 +23,6 @@ from jax.sharding import PartitionSpec as P
 
 import jax_amp_scale as jas
 
-pytestmark = pytest.mark.skipif(
-    jax.device_count() < 8, reason="needs 8 devices (tests/conftest.py sets XLA_FLAGS)"
-)
-
 MODES = [AxisType.Explicit, AxisType.Auto]
 BACKENDS = ["reference", "ffi"]
 LR = 0.1
