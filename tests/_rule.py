@@ -41,3 +41,30 @@ def rule(scale, tracker: int, found_inf, growth_factor, backoff_factor, growth_i
         grown = product(scale, growth_factor)
         return (grown if np.isfinite(np.float32(grown)) else scale), 0
     return scale, successful
+
+
+def dynamic_kind_rule(seq, *, init, gf, bf, gi, lo, hi, hyst):
+    """The DynamicScale docstring's pseudo-code in Python floats.
+
+    With factors 2.0/0.5 and power-of-two scales every product is exact, so
+    Python's float64 arithmetic is the float32 rule's oracle here.
+    """
+    scale, tracker, left = init, 0, hyst
+    out = []
+    for found in seq:
+        left = max(left - 1, 0) if found else hyst
+        if found:
+            new, tracker = scale * bf, 0
+        elif tracker + 1 == gi:
+            new, tracker = scale * gf, 0
+        else:
+            new, tracker = scale, tracker + 1
+        if found and left > 0:
+            new = scale
+        if lo is not None:
+            new = max(new, lo)
+        if hi is not None:
+            new = min(new, hi)
+        scale = new
+        out.append((scale, tracker, left))
+    return out

@@ -8,6 +8,7 @@ import pytest
 
 import jax_amp_scale as jas
 from jax_amp_scale import demo
+from tests._rule import dynamic_kind_rule, rule
 
 INJECT = {2, 5, 6, 11}
 STEPS = 14
@@ -17,23 +18,42 @@ def bits(tree):
     return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
 
 
-@pytest.mark.parametrize(
-    "kind",
-    [
+FOUND = [t in INJECT for t in range(STEPS)]
+# The scale each kind must hold after each step, from tests/_rule.py (the
+# documented rules in plain Python), never from the library.
+KINDS = {
+    "dynamic": (
         jas.dynamic_scale(2.0**12, growth_interval=3),
+        [
+            s
+            for s, _, _ in dynamic_kind_rule(
+                FOUND, init=2.0**12, gf=2.0, bf=0.5, gi=3, lo=None, hi=None, hyst=1
+            )
+        ],
+    ),
+    "dynamic-hyst-min": (
         jas.dynamic_scale(2.0**12, growth_interval=2, hysteresis=2, min_scale=2.0**10),
-        jas.static_scale(512.0),
-        jas.no_op_scale(),
-    ],
-    ids=["dynamic", "dynamic-hyst-min", "static", "noop"],
-)
-def test_injected_overflows_never_touch_params_or_inner_state(kind):
+        [
+            s
+            for s, _, _ in dynamic_kind_rule(
+                FOUND, init=2.0**12, gf=2.0, bf=0.5, gi=2, lo=2.0**10, hi=None, hyst=2
+            )
+        ],
+    ),
+    "static": (jas.static_scale(512.0), [512.0] * STEPS),
+    "noop": (jas.no_op_scale(), [1.0] * STEPS),
+}
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_injected_overflows_never_touch_params_or_inner_state(name):
+    kind, want_scales = KINDS[name]
     x, y = demo.make_data(0, 512)
     params = demo.init_params(jax.random.PRNGKey(0))
     trainer = jas.Trainer(optax.adam(1e-3), kind, policy=jas.get_policy("O2"))
     state = trainer.init(params)
     step = jax.jit(trainer.step, static_argnums=3)
-    expected = kind
+    used = float(kind.loss_scale)
     rng = np.random.default_rng(0)
     for t in range(STEPS):
         idx = rng.integers(0, len(x), 64)
@@ -46,25 +66,22 @@ def test_injected_overflows_never_touch_params_or_inner_state(kind):
             assert bits(state.inner_state) == before_inner  # moments and count
         else:
             assert bits(params) != before_p
-        assert float(m["scale"]) == float(expected.loss_scale)
-        expected = expected.adjust(t in INJECT)
-        assert float(state.loss_scale) == float(expected.loss_scale)
+        assert float(m["scale"]) == used  # the scale this step's loss was scaled by
+        used = want_scales[t]
+        assert float(state.loss_scale) == used
     assert int(state.skipped_steps) == len(INJECT)
     assert int(state.total_steps) == STEPS
     assert int(state.inner_state[0].count) == STEPS - len(INJECT)
 
 
-_core_step = jax.jit(lambda s, f: jas.update_scale(s, f, "reference"))
-
-
 def test_scale_trajectory_is_the_core_rule():
-    # Without options the dynamic kind is the core rule: replay it with the
-    # pure reference on the same found_inf sequence.
+    # Without options the dynamic kind is the core rule: replay the rule of
+    # tests/_rule.py on the same found_inf sequence.
     kind = jas.dynamic_scale(2.0**12, growth_interval=3)
     tx = jas.Trainer(optax.sgd(1e-3), kind)
     params = {"w": jnp.ones(4)}
     state = tx.init(params)
-    core = kind.scale_state
+    core = (np.float32(2.0**12), 0)
     step = jax.jit(tx.step, static_argnums=3)
 
     def lf(p, b):
@@ -73,9 +90,9 @@ def test_scale_trajectory_is_the_core_rule():
     for t in range(STEPS):
         b = jnp.full(4, jnp.nan if t in INJECT else 1.0)
         params, state, _ = step(params, state, b, lf)
-        core = _core_step(core, t in INJECT)
-        assert float(state.loss_scale) == float(core.scale)
-        assert int(state.scale_state.growth_tracker) == int(core.growth_tracker)
+        core = rule(*core, t in INJECT, 2.0, 0.5, 3)
+        assert float(state.loss_scale) == float(core[0])
+        assert int(state.scale_state.growth_tracker) == core[1]
 
 
 def test_nonfinite_leaves_names_the_poisoned_leaf():

@@ -54,6 +54,7 @@ def _common(top: float) -> tuple[Case, ...]:
         Case("finite step counts", 1024.0, 7, False, 1024.0, 8),
         Case("growth at interval", 1024.0, 1999, False, 2048.0, 0),
         Case("growth overflow keeps scale, resets", top, 1999, False, top, 0),
+        Case("growth to -inf is refused too", -top, 1999, False, -top, 0),
         Case("past the interval keeps counting", 8.0, 5000, False, 8.0, 5001),
         Case("tracker wraps in int32", 8.0, INT32_MAX, False, 8.0, INT32_MIN),
         Case("inf: growth refused", INF, 1999, False, INF, 0),
@@ -179,3 +180,26 @@ def test_sequence_of_steps_matches_spec_trace():
         for f, es, et in zip(found, expect_scale, expect_tracker, strict=True):
             st = jas.update_scale(st, f, backend=backend)
             assert float(st.scale) == es and int(st.growth_tracker) == et
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("dtype", "signaling", "quiet_bit"),
+    [(np.float32, 0x7F800001, 0x00400000), (np.float16, 0x7C01, 0x0200)],
+    ids=["float32", "float16"],
+)
+def test_signaling_nan_scale(backend, dtype, signaling, quiet_bit):
+    # Growth of a NaN is refused: the scale keeps its exact bits (a product
+    # would quiet it).  Backoff multiplies: the NaN comes back quieted.
+    uint = np.uint32 if dtype == np.float32 else np.uint16
+    scale = np.array([signaling, signaling], uint).view(dtype)
+
+    @jax.jit
+    @jax.vmap
+    def step(s, t, f):
+        return jas.amp_update_scale(
+            s, t, f, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, backend=backend
+        )
+
+    out, _ = step(scale, np.array([1999, 0], np.int32), np.array([False, True]))
+    assert _bits(np.asarray(out)).tolist() == [signaling, signaling | quiet_bit]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import jax_amp_scale as jas
+from tests._rule import dynamic_kind_rule as python_rule
 
 
 def test_defaults_equal_torch_gradscaler():
@@ -85,33 +86,6 @@ def test_one_interface_and_one_scale_state(kind):
     np.testing.assert_array_equal(back["w"], tree["w"])  # exact for these scales
     np.testing.assert_array_equal(kind.unscale(scaled)["w"], tree["w"])
     assert not bool(found)
-
-
-def python_rule(seq, *, init, gf, bf, gi, lo, hi, hyst):
-    """The DynamicScale docstring's pseudo-code in Python floats.
-
-    With factors 2.0/0.5 and power-of-two scales every product is exact, so
-    Python's float64 arithmetic is the float32 rule's oracle here.
-    """
-    scale, tracker, left = init, 0, hyst
-    out = []
-    for found in seq:
-        left = max(left - 1, 0) if found else hyst
-        if found:
-            new, tracker = scale * bf, 0
-        elif tracker + 1 == gi:
-            new, tracker = scale * gf, 0
-        else:
-            new, tracker = scale, tracker + 1
-        if found and left > 0:
-            new = scale
-        if lo is not None:
-            new = max(new, lo)
-        if hi is not None:
-            new = min(new, hi)
-        scale = new
-        out.append((scale, tracker, left))
-    return out
 
 
 def run_scan(kind, seqs):

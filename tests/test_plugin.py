@@ -72,6 +72,9 @@ try:
     out["route"] = plugin.register(platform="ascend", library_path=path)
     out["again"] = plugin.register(platform="ascend", library_path=path)
     out["platforms"] = sorted(native.platforms('update_scale'))
+    import jax_amp_scale as jas
+    out["available"] = jas.available_backends("ascend")
+    out["auto"] = jas.auto_backend("ascend")
 except plugin.PluginRegistrationError as e:
     out["error"] = str(e)
 lib = ctypes.CDLL(path)
@@ -85,6 +88,8 @@ def test_newer_layout_registers_once_and_marks_the_platform(fake_plugin):
     out = _run(_FAKE, FAKE_PJRT=str(fake_plugin), FAKE_PJRT_MODE="typed")
     assert out["route"] == "pjrt" and out["again"] == "pjrt"
     assert "ascend" in out["platforms"]
+    # Once registered, "auto" prefers the native operator on Ascend.
+    assert out["available"] == ["reference", "ffi"] and out["auto"] == "ffi"
     (line,) = out["log"]  # idempotent: the plugin was called once
     layout, target, platform, version, _ = line.split()
     assert (layout, target, platform, version) == ("typed", "jas_update_scale", "ascend", "-1")
@@ -231,3 +236,50 @@ def test_automatic_registration_at_the_first_trace_on_a_running_plugin():
     assert out["before"] == {}
     assert out["routes"] == {"cuda": "pjrt"}, out["errors"]
     assert "cuda" in out["platforms"]
+
+
+def test_jax_ffi_route_when_the_plugin_python_side_forwards():
+    # A plugin whose Python side installed a custom-call handler for its
+    # platform (as jax_cuda12_plugin does for CUDA): register() hands the
+    # capsule to jax.ffi.register_ffi_target, which reaches that handler.
+    out = _run(
+        """
+        import json
+        from jax._src.lib import xla_client
+        seen = []
+        xla_client.register_custom_call_handler(
+            "FORWARDING_TEST", lambda name, fn, *rest, **kw: seen.append(name))
+        from jax_amp_scale import plugin
+        from jax_amp_scale.platforms import native
+        route = plugin.register(platform="forwarding_test", registry_platform="FORWARDING_TEST")
+        again = plugin.register(platform="forwarding_test", registry_platform="FORWARDING_TEST")
+        print(json.dumps({"route": route, "again": again, "seen": seen,
+                          "platforms": sorted(native.platforms("update_scale"))}))
+        """,
+        JAX_PLATFORMS="cpu",
+    )
+    assert out["route"] == "jax.ffi" and out["again"] == "jax.ffi"
+    assert out["seen"] == ["jas_update_scale"]  # once: registration is idempotent
+    assert "forwarding_test" in out["platforms"]
+
+
+def test_failed_automatic_registration_is_kept_not_raised():
+    out = _run(
+        """
+        import json, sys
+        sys.modules["jax_amp_scale._native_cuda"] = None  # as where it was not built
+        import jax, jax.numpy as jnp
+        import jax_amp_scale as jas
+        from jax_amp_scale.platforms import native
+        devices = jax.devices
+        jax.devices = lambda backend=None: ["gpu0"] if backend == "cuda" else devices(backend)
+        state = jax.jit(lambda s: jas.update_scale(s, True))(jas.init_scale_state(8.0))
+        print(json.dumps({"scale": float(state.scale), "errors": native.load_errors()}))
+        """,
+        JAX_PLATFORMS="cpu",
+        JAX_AMP_SCALE_PLUGIN_PLATFORMS="cuda",
+    )
+    assert out["scale"] == 4.0  # the trace went on
+    assert out["errors"]["cuda"].startswith(
+        "automatic plugin registration: the CUDA handler was not built"
+    )

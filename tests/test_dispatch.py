@@ -1,0 +1,72 @@
+"""What the backend choice puts in the lowered program (one CPU device, this process).
+
+Claims from README.md "Platforms and backends" checked on the program
+itself, not on values: which custom call appears, its in-place aliasing,
+and what vmap and explicit sharding change.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+import jax_amp_scale as jas
+
+GRADS = {"a": jnp.ones((4, 3), jnp.float32), "b": jnp.ones((5,), jnp.float16)}
+
+
+def _text(fn, *args) -> str:
+    return jax.jit(fn).lower(*args).as_text()
+
+
+def test_fused_pass_runs_in_place():
+    text = _text(lambda g: jas.unscale_and_check(g, 2.0), GRADS)
+    (call,) = [line for line in text.splitlines() if "@jas_unscale_and_check" in line]
+    # Operand k (k >= 1, after the inverse scale) is aliased to result k.
+    aliases = re.findall(r"output_tuple_indices = \[(\d+)\], operand_index = (\d+)", call)
+    assert sorted((int(o), int(i)) for o, i in aliases) == [(1, 1), (2, 2)]
+
+
+def test_update_scale_runs_in_place():
+    text = _text(lambda s: jas.update_scale(s, True), jas.init_scale_state())
+    (call,) = [line for line in text.splitlines() if "@jas_update_scale" in line]
+    aliases = re.findall(r"output_tuple_indices = \[(\d+)\], operand_index = (\d+)", call)
+    assert sorted((int(o), int(i)) for o, i in aliases) == [(0, 0), (1, 1)]
+
+
+def test_under_vmap_the_fused_pass_runs_the_reference():
+    batched = jax.tree.map(lambda x: jnp.stack([x, x]), GRADS)
+    text = _text(jax.vmap(lambda g: jas.unscale_and_check(g, 2.0)), batched)
+    assert "jas_unscale_and_check" not in text
+    out, found = jax.jit(jax.vmap(lambda g: jas.unscale_and_check(g, 2.0)))(batched)
+    np.testing.assert_array_equal(np.asarray(found), [False, False])
+    np.testing.assert_array_equal(np.asarray(out["b"]), np.full((2, 5), 0.5, np.float16))
+
+
+def test_under_vmap_update_scale_is_one_call_for_the_batch():
+    states = jax.tree.map(lambda x: jnp.stack([x] * 3), jas.init_scale_state(8.0))
+    step = jax.vmap(lambda s, f: jas.update_scale(s, f))
+    text = _text(step, states, jnp.array([True, False, True]))
+    assert text.count("@jas_update_scale") == 1
+    out = jax.jit(step)(states, jnp.array([True, False, True]))
+    np.testing.assert_array_equal(np.asarray(out.scale), [4.0, 8.0, 4.0])
+
+
+def test_explicitly_sharded_state_takes_the_reference_under_auto():
+    mesh = jax.make_mesh((1,), ("x",), axis_types=(AxisType.Explicit,))
+    one = jas.init_scale_state(8.0, shape=(1,))
+    sharding = NamedSharding(mesh, PartitionSpec("x"))
+    step = jax.jit(lambda s, f: jas.update_scale(s, f))
+    with jax.set_mesh(mesh):
+        state = jax.device_put(one, sharding)
+        found = jax.device_put(jnp.array([True]), sharding)
+        text = step.lower(state, found).as_text()
+        out = step(state, found)
+        replicated = step.lower(one, jnp.array([True])).as_text()
+    assert "jas_update_scale" not in text
+    assert "jas_update_scale" in replicated  # the same call unsharded: native
+    np.testing.assert_array_equal(np.asarray(out.scale), [4.0])
