@@ -145,12 +145,14 @@ def test_init_scale_state(kwargs, exc, match):
 def test_ffi_on_platform_without_handler_fails_clearly():
     """Lowering backend='ffi' for a platform with no handler names it."""
     st = jas.init_scale_state()
-    exported = None
-    with pytest.raises(NotImplementedError, match="no native handler for platform 'tpu'"):
-        exported = export.export(
+    with pytest.raises(
+        NotImplementedError,
+        match=r"backend='ffi' has no native handler for platform 'tpu' \(handlers: .*cpu.*\)\. "
+        r"Use backend='reference' or 'auto'",
+    ):
+        export.export(
             jax.jit(lambda s: jas.update_scale(s, False, backend="ffi")), platforms=["tpu"]
         )(st)
-    assert exported is None
 
 
 def test_reference_and_auto_lower_for_other_platforms():
@@ -160,7 +162,15 @@ def test_reference_and_auto_lower_for_other_platforms():
             jax.jit(lambda s, b=backend: jas.update_scale(s, False, backend=b)),
             platforms=["tpu", "cuda"],
         )(st)
-        assert "custom_call" not in exp.mlir_module() or "jas_update_scale" not in exp.mlir_module()
+        assert "jas_update_scale" not in exp.mlir_module()
+
+
+# What a failing native handler raises at run time (XlaRuntimeError before
+# jax exposed it as jax.errors.JaxRuntimeError).
+RUNTIME_ERROR = (
+    getattr(jax.errors, "JaxRuntimeError", None)
+    or __import__("jaxlib.xla_extension", fromlist=["XlaRuntimeError"]).XlaRuntimeError
+)
 
 
 class TestNativeHandlerChecks:
@@ -179,37 +189,39 @@ class TestNativeHandlerChecks:
 
     def test_bad_interval_attribute(self):
         attrs = {**self.ATTRS, "growth_interval": np.int64(0)}
-        with pytest.raises(Exception, match=r"growth_interval must lie in \[1, 2147483647\]"):
+        with pytest.raises(RUNTIME_ERROR, match=r"growth_interval must lie in \[1, 2147483647\]"):
             self._raw(jnp.ones((1,)), jnp.zeros((1,), jnp.int32), jnp.zeros((1,)), **attrs)
 
     def test_bad_factor_attribute(self):
         attrs = {**self.ATTRS, "backoff_factor": np.float64(np.nan)}
-        with pytest.raises(Exception, match="backoff_factor must be a finite number > 0"):
+        with pytest.raises(RUNTIME_ERROR, match="backoff_factor must be a finite number > 0"):
             self._raw(jnp.ones((1,)), jnp.zeros((1,), jnp.int32), jnp.zeros((1,)), **attrs)
 
     def test_bad_scale_dtype(self):
-        with pytest.raises(Exception, match="current_scale must be float32, float16 or bfloat16"):
+        with pytest.raises(
+            RUNTIME_ERROR, match="current_scale must be float32, float16 or bfloat16"
+        ):
             self._raw(
                 jnp.ones((1,), jnp.int32), jnp.zeros((1,), jnp.int32), jnp.zeros((1,)), **self.ATTRS
             )
 
     def test_found_inf_dtype_mismatch(self):
-        with pytest.raises(Exception, match="found_inf must have the dtype of current_scale"):
+        with pytest.raises(RUNTIME_ERROR, match="found_inf must have the dtype of current_scale"):
             self._raw(
                 jnp.ones((1,)), jnp.zeros((1,), jnp.int32), jnp.zeros((1,), jnp.bool_), **self.ATTRS
             )
 
     def test_tracker_dtype(self):
-        with pytest.raises(Exception, match="growth_tracker must be int32"):
+        with pytest.raises(RUNTIME_ERROR, match="growth_tracker must be int32"):
             self._raw(jnp.ones((1,)), jnp.zeros((1,)), jnp.zeros((1,)), **self.ATTRS)
 
     def test_element_count_mismatch(self):
-        with pytest.raises(Exception, match="same number of elements"):
+        with pytest.raises(RUNTIME_ERROR, match="same number of elements"):
             self._raw(jnp.ones((2,)), jnp.zeros((2,), jnp.int32), jnp.zeros((1,)), **self.ATTRS)
 
     def test_missing_attribute(self):
         # XLA's attribute decoding rejects the call before the handler runs.
-        with pytest.raises(Exception, match="Wrong number of attributes"):
+        with pytest.raises(RUNTIME_ERROR, match="Wrong number of attributes"):
             self._raw(
                 jnp.ones((1,)),
                 jnp.zeros((1,), jnp.int32),

@@ -144,6 +144,13 @@ def test_unscale_and_check_finds_each_dtype(leaf, bad, backend):
     out, found = jax.jit(check)(tree, jnp.float32(4.0))
     assert bool(found)
     assert out[leaf].dtype == tree[leaf].dtype
+    # Every floating value is unscaled (x / 4 is exact here), the bad one too;
+    # integer and bool leaves pass untouched.
+    for name in ("f32", "f16", "bf16"):
+        want = np.asarray(tree[name], np.float32) / 4
+        np.testing.assert_array_equal(np.asarray(out[name], np.float32), want)
+    np.testing.assert_array_equal(np.asarray(out["int"]), [3, 4])
+    np.testing.assert_array_equal(np.asarray(out["bool"]), [True, False])
 
 
 @pytest.mark.parametrize("backend", PASSES)

@@ -67,9 +67,15 @@ class TestPytree:
 def test_jit_with_donation(backend):
     st = jas.init_scale_state(8.0, growth_interval=2, shape=(1,))
     step = jax.jit(lambda s, f: jas.update_scale(s, f, backend=backend), donate_argnums=0)
-    st = step(st, False)
-    st = step(st, False)
-    assert float(st.scale[0]) == 16.0 and int(st.growth_tracker[0]) == 0
+    first = step(st, False)
+    # Donated: the input buffers are gone, and the program reuses them.
+    assert st.scale.is_deleted() and st.growth_tracker.is_deleted()
+    assert not first.scale.is_deleted()
+    hlo = step.lower(first, False).compile().as_text()
+    assert "input_output_alias" in hlo
+    second = step(first, False)
+    assert first.scale.is_deleted()
+    assert float(second.scale[0]) == 16.0 and int(second.growth_tracker[0]) == 0
 
 
 def test_ffi_call_is_in_place():
@@ -172,15 +178,23 @@ def test_grad_through_code_containing_it(backend):
 
 
 @pytest.mark.parametrize("backend", ["reference", "ffi"])
-def test_jvp_and_vjp_shapes(backend):
-    st = jas.init_scale_state(shape=(1,))
+def test_jvp_and_vjp_are_zero(backend):
+    # The state is not differentiable: tangents and cotangents through it
+    # are zero (stop_gradient), while the primal is the rule's value.
+    st = jas.init_scale_state(8.0, growth_interval=1, shape=(1,))
 
     def f(x):
-        return jas.update_scale(jas.ScaleState(x, st.growth_tracker), False, backend=backend).scale
+        return jas.update_scale(
+            jas.ScaleState(x, st.growth_tracker, growth_interval=1), False, backend=backend
+        ).scale
 
-    out, tangent = jax.jvp(f, (st.scale,), (jnp.ones((1,)),))
-    assert float(tangent[0]) == 0.0
-    assert out.shape == (1,)
+    out, tangent = jax.jvp(f, (st.scale,), (jnp.full((1,), 3.0),))
+    np.testing.assert_array_equal(np.asarray(out), [16.0])  # grown: interval 1
+    np.testing.assert_array_equal(np.asarray(tangent), [0.0])
+    out, vjp = jax.vjp(f, st.scale)
+    (cotangent,) = vjp(jnp.full((1,), 5.0))
+    np.testing.assert_array_equal(np.asarray(cotangent), [0.0])
+    assert float(jax.grad(lambda x: f(x).sum())(st.scale)[0]) == 0.0
 
 
 def test_available_backends():
