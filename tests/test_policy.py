@@ -46,9 +46,18 @@ def test_o2_keeps_norm_layers_float32():
 
 
 def test_o1_casts_matrices_only():
-    c = dtypes(jas.get_policy("O1").cast_to_compute(params()))
+    pol = jas.get_policy("O1")
+    assert (pol.param_dtype, pol.compute_dtype, pol.output_dtype) == (F32, F16, F32)
+    c = dtypes(pol.cast_to_compute(params()))
     assert c["Dense_0"] == {"kernel": F16, "bias": F32}
     assert c["encoder"]["lnx"] == F16
+    assert c["LayerNorm_0"] == {"scale": F32, "bias": F32}
+    # The norm rule holds for matrices too: a rank-2 leaf under a norm name
+    # stays float32, the same leaf elsewhere becomes float16.
+    m = jnp.ones((2, 2), F32)
+    c = dtypes(pol.cast_to_compute({"group_norm": {"w": m}, "dense": {"w": m}}))
+    assert c == {"group_norm": {"w": F32}, "dense": {"w": F16}}
+    assert pol.cast_to_output(jnp.ones(2, F16)).dtype == F32
 
 
 def test_o0_and_o3():
