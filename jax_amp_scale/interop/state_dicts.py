@@ -156,12 +156,3 @@ def from_state_dict(target: PyTree, state_dict: Mapping[str, Any]) -> PyTree:
             )
         leaves.append(jnp.asarray(value) if isinstance(ref, jax.Array) else value)
     return jax.tree_util.tree_unflatten(treedef, leaves)
-
-
-__all__ = [
-    "TORCH_KEYS",
-    "from_state_dict",
-    "from_torch_state_dict",
-    "to_state_dict",
-    "to_torch_state_dict",
-]
