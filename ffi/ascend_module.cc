@@ -10,6 +10,8 @@
 
 #include "ascend_dispatch.h"
 #include "ascend_loader.h"
+#include "capsule_module.h"
+#include "targets.h"
 #include "xla/ffi/api/c_api.h"
 
 extern "C" XLA_FFI_Error* JasUpdateScaleAscend(XLA_FFI_CallFrame*);
@@ -18,12 +20,8 @@ extern "C" XLA_FFI_Error* JasUpdateScaleAscendTest(XLA_FFI_CallFrame*);
 namespace nb = nanobind;
 
 NB_MODULE(_native_ascend, m) {
-  m.doc() = "jax_amp_scale Ascend (aclnnAmpUpdateScale) XLA FFI handlers.";
-  m.def("registrations", []() {
-    nb::dict d;
-    d["jas_update_scale"] = nb::capsule(reinterpret_cast<void*>(&JasUpdateScaleAscend));
-    return d;
-  });
+  jas::DefineCapsuleModule(m, "jax_amp_scale Ascend (aclnnAmpUpdateScale) XLA FFI handlers.",
+                           {{jas::kUpdateScaleTarget, &JasUpdateScaleAscend}});
   m.def("test_registrations", []() {
     nb::dict d;
     d["jas_update_scale_ascend_test"] =
