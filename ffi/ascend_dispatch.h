@@ -59,7 +59,8 @@ class WorkspaceCache {
 
 WorkspaceCache& GlobalWorkspaceCache();
 
-// One update-scale call on `count` independent states, in place.
+// One update-scale call (UpdateScaleCall, ffi/update_scale.h) on `count`
+// independent states, in place.
 //
 // Buffers are device memory for the production handler (host memory for the
 // test double).  `scale_out` must equal `scale` and `tracker_out` must equal
@@ -68,19 +69,6 @@ WorkspaceCache& GlobalWorkspaceCache();
 // dispatched as one operator call per element, each on its own descriptors.
 // Returns an empty string or the error (with aclnn status, its name and
 // aclGetRecentErrMsg()).
-struct UpdateScaleCall {
-  ScaleDtype dtype;
-  void* scale;
-  int32_t* tracker;
-  const void* found_inf;
-  void* scale_out;
-  int32_t* tracker_out;
-  int64_t count;
-  double growth_factor;
-  double backoff_factor;
-  int64_t growth_interval;
-};
-
 std::string DispatchUpdateScale(const cann::CannApi& api, WorkspaceCache& cache,
                                 int64_t device, cann::aclrtStream stream,
                                 const UpdateScaleCall& call);

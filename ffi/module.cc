@@ -1,25 +1,20 @@
-// nanobind module for the CPU handlers: it only hands out capsules; the
-// Python side (jax_amp_scale/_ffi.py) registers them with XLA.
+// nanobind module _native_cpu: capsules for the CPU handlers (the Python
+// side, jax_amp_scale/_ffi.py, registers them with XLA) and the XLA FFI API
+// version they were compiled against.
 #include <nanobind/nanobind.h>
 
+#include "capsule_module.h"
+#include "targets.h"
 #include "xla/ffi/api/c_api.h"
 
 extern "C" XLA_FFI_Error* JasUpdateScaleCpu(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* JasUnscaleAndCheckCpu(XLA_FFI_CallFrame*);
 
-namespace nb = nanobind;
-
 NB_MODULE(_native_cpu, m) {
-  m.doc() = "jax_amp_scale CPU XLA FFI handlers (capsules only).";
-  m.def("registrations", []() {
-    nb::dict d;
-    d["jas_update_scale"] =
-        nb::capsule(reinterpret_cast<void*>(&JasUpdateScaleCpu));
-    d["jas_unscale_and_check"] =
-        nb::capsule(reinterpret_cast<void*>(&JasUnscaleAndCheckCpu));
-    return d;
-  });
+  jas::DefineCapsuleModule(m, "jax_amp_scale CPU XLA FFI handlers (capsules only).",
+                           {{jas::kUpdateScaleTarget, &JasUpdateScaleCpu},
+                            {jas::kUnscaleAndCheckTarget, &JasUnscaleAndCheckCpu}});
   m.def("ffi_api_version", []() {
-    return nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
+    return nanobind::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
   });
 }

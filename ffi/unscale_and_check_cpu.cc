@@ -30,43 +30,44 @@ bool IsLeafDtype(ffi::DataType dt) {
 }
 
 // Checks every buffer before anything is written.
-std::string CheckUnscaleCall(const ffi::AnyBuffer& inv_scale,
-                             const ffi::RemainingArgs& leaves,
-                             const ffi::AnyBuffer& found,
-                             const ffi::RemainingRets& outs) {
+ffi::Error CheckUnscaleCall(const ffi::AnyBuffer& inv_scale,
+                            const ffi::RemainingArgs& leaves,
+                            const ffi::AnyBuffer& found,
+                            const ffi::RemainingRets& outs) {
   if (inv_scale.element_type() != ffi::DataType::F32 ||
       inv_scale.element_count() != 1 || inv_scale.untyped_data() == nullptr) {
-    return std::string("inv_scale must be one float32 element, got ") +
-           DtypeName(inv_scale.element_type());
+    return ffi::Error::InvalidArgument(std::string("inv_scale must be one float32 element, got ") +
+                           DtypeName(inv_scale.element_type()));
   }
   if (found.element_type() != ffi::DataType::PRED || found.element_count() != 1 ||
       found.untyped_data() == nullptr) {
-    return "found_inf must be one bool element";
+    return ffi::Error::InvalidArgument("found_inf must be one bool element");
   }
   if (leaves.size() != outs.size()) {
-    return "the call must have as many unscaled results as gradient leaves";
+    return ffi::Error::InvalidArgument("the call must have as many unscaled results as gradient leaves");
   }
   for (size_t k = 0; k < leaves.size(); ++k) {
     auto in = leaves.get<ffi::AnyBuffer>(k);
     auto out = outs.get<ffi::AnyBuffer>(k);
+    const std::string leaf = "leaf " + std::to_string(k);
     if (!in.has_value() || !out.has_value()) {
-      return "leaf " + std::to_string(k) + " is not an array buffer";
+      return ffi::Error::InvalidArgument(leaf + " is not an array buffer");
     }
     const ffi::DataType dt = in->element_type();
     if (!IsLeafDtype(dt)) {
-      return "leaf " + std::to_string(k) +
-             " must be float16, bfloat16, float32 or float64, got " + DtypeName(dt);
+      return ffi::Error::InvalidArgument(leaf + " must be float16, bfloat16, float32 or float64, got " +
+                             DtypeName(dt));
     }
     if ((*out)->element_type() != dt || (*out)->element_count() != in->element_count()) {
-      return "unscaled leaf " + std::to_string(k) +
-             " must have the dtype and element count of its gradient leaf";
+      return ffi::Error::InvalidArgument("unscaled " + leaf +
+                             " must have the dtype and element count of its gradient leaf");
     }
     if (in->element_count() > 0 &&
         (in->untyped_data() == nullptr || (*out)->untyped_data() == nullptr)) {
-      return "leaf " + std::to_string(k) + " has elements but a null data pointer";
+      return ffi::Error::InvalidArgument(leaf + " has elements but a null data pointer");
     }
   }
-  return std::string();
+  return ffi::Error::Success();
 }
 
 // A slice of one leaf: the unit of work handed to a thread.
@@ -133,8 +134,8 @@ constexpr int64_t kChunkElements = int64_t{1} << 18;
 ffi::Error UnscaleAndCheckCpu(ffi::AnyBuffer inv_scale, ffi::RemainingArgs leaves,
                               ffi::Result<ffi::AnyBuffer> found,
                               ffi::RemainingRets outs, ffi::ThreadPool pool) {
-  std::string err = CheckUnscaleCall(inv_scale, leaves, *found, outs);
-  if (!err.empty()) return ffi::Error::InvalidArgument(err);
+  ffi::Error checked = CheckUnscaleCall(inv_scale, leaves, *found, outs);
+  if (checked.failure()) return checked;
 
   auto work = std::make_shared<Work>();
   work->inv = *static_cast<const float*>(inv_scale.untyped_data());

@@ -229,6 +229,22 @@ inline const char* CheckAttributes(double growth_factor, double backoff_factor,
   return nullptr;
 }
 
+// One call of the rule on `count` independent states, as every handler sees
+// it once its buffers and attributes are checked (handler_common.h).  The
+// outputs may alias the inputs.
+struct UpdateScaleCall {
+  ScaleDtype dtype;
+  void* scale;
+  int32_t* tracker;
+  const void* found_inf;
+  void* scale_out;
+  int32_t* tracker_out;
+  int64_t count;
+  double growth_factor;
+  double backoff_factor;
+  int64_t growth_interval;
+};
+
 }  // namespace jas
 
 #endif  // JAX_AMP_SCALE_FFI_UPDATE_SCALE_H_

@@ -1,9 +1,10 @@
 """The Ascend dispatch to aclnnAmpUpdateScale, proven on CPU against the CANN test double.
 
-The test binding runs the production validation and dispatch code
-(``ffi/ascend_dispatch.cc``) under ``jax.jit`` with a null stream; the double
-(``tests/cann_double``) implements the operator independently and records
-every call.
+The test binding (``tests/ascend_harness.py``, the test extension
+``_ascend_testing``) runs the production validation and dispatch code
+(``ffi/handler_common.h``, ``ffi/ascend.cc``, ``ffi/ascend_dispatch.cc``)
+under ``jax.jit`` with a null stream; the double (``tests/cann_double``)
+implements the operator independently and records every call.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 
 from jax_amp_scale import amp_update_scale
-from jax_amp_scale.platforms import ascend as _ascend
+from tests import ascend_harness
 from tests.cann_double import control
 
 DTYPES = (jnp.float32, jnp.float16, jnp.bfloat16)
@@ -38,13 +39,13 @@ def double(tmp_path_factory):
 def cann(double, monkeypatch):
     control.use(monkeypatch, double, "full")
     yield double
-    _ascend.native().release_workspaces()
+    ascend_harness.testing().release_workspaces()
     double.reset()
 
 
 def step(scale, tracker, found, gf=2.0, bf=0.5, gi=2000):
     f = jax.jit(
-        lambda s, t, x: _ascend.update_scale_test_binding(
+        lambda s, t, x: ascend_harness.update_scale(
             s, t, x, growth_factor=gf, backoff_factor=bf, growth_interval=gi
         )
     )
@@ -122,7 +123,7 @@ def test_workspace_zero_is_not_allocated(cann):
     assert not [e for e in log if e["ev"] == "malloc"]
     (run,) = [e for e in log if e["ev"] == "run"]
     assert run["ws"] == 0 and run["ws_ptr"] == 0
-    assert _ascend.native().workspaces() == []
+    assert ascend_harness.testing().workspaces() == []
 
 
 def test_workspace_of_several_mib_is_honoured_reused_grown_and_released(cann):
@@ -136,7 +137,7 @@ def test_workspace_of_several_mib_is_honoured_reused_grown_and_released(cann):
     runs = [e for e in log if e["ev"] == "run"]
     assert all(r["ws"] == 3 * MiB and r["ws_ptr"] == mallocs[0]["ptr"] for r in runs)
     assert all(r["status"] == 0 for r in runs)  # the double wrote all 3 MiB of it
-    assert _ascend.native().workspaces() == [(0, 0, 3 * MiB)]
+    assert ascend_harness.testing().workspaces() == [(0, 0, 3 * MiB)]
 
     cann.set_workspace_size(5 * MiB)  # grows to at least twice the old size
     step(s, t, False)
@@ -144,10 +145,10 @@ def test_workspace_of_several_mib_is_honoured_reused_grown_and_released(cann):
     assert [m["size"] for m in mallocs] == [3 * MiB, 6 * MiB]
     # The old buffer may still be read by a launched kernel: retired, not freed.
     assert not [e for e in cann.log() if e["ev"] == "free"]
-    assert _ascend.native().retired_workspaces() == 1
+    assert ascend_harness.testing().retired_workspaces() == 1
     assert cann.stats()["live_allocs"] == 2
 
-    _ascend.native().release_workspaces()
+    ascend_harness.testing().release_workspaces()
     frees = [e for e in cann.log() if e["ev"] == "free"]
     assert sorted(f["ptr"] for f in frees) == sorted(m["ptr"] for m in mallocs)
     assert all(f["status"] == 0 for f in frees)
@@ -162,7 +163,7 @@ def test_no_descriptor_leaked_after_10000_calls(cann):
 
     def body(_, st):
         s, t = st
-        return _ascend.update_scale_test_binding(
+        return ascend_harness.update_scale(
             s, t, t[0] % 7 == 3, growth_factor=2.0, backoff_factor=0.5, growth_interval=5
         )
 
@@ -301,7 +302,7 @@ def test_bit_for_bit_equal_to_the_reference_lowering(cann, dtype, gf, bf):
     found = jnp.asarray(rng.choice([0.0, 1.0, np.nan, -0.0, np.inf, -2.0], m), jnp.float32)
 
     def ours(s, t, x):
-        return _ascend.update_scale_test_binding(
+        return ascend_harness.update_scale(
             s, t, x, growth_factor=gf, backoff_factor=bf, growth_interval=gi
         )
 
@@ -327,12 +328,11 @@ def test_bit_for_bit_equal_to_the_reference_lowering(cann, dtype, gf, bf):
 _TWO_DEVICES = """
 import json
 import jax, jax.numpy as jnp
-from jax_amp_scale.platforms import ascend as _ascend
-from tests.cann_double import control
+from tests import ascend_harness
 import ctypes, os
 core = ctypes.CDLL(os.environ["CD_CORE"])
 core.cd_set_workspace_size(ctypes.c_uint64(1 << 20))
-f = jax.jit(lambda s, t: _ascend.update_scale_test_binding(
+f = jax.jit(lambda s, t: ascend_harness.update_scale(
     s, t, False, growth_factor=2.0, backoff_factor=0.5, growth_interval=9))
 for d in jax.devices()[:2]:
     s = jax.device_put(jnp.ones((1,), jnp.float32), d)
@@ -340,7 +340,7 @@ for d in jax.devices()[:2]:
     for _ in range(3):
         s, t = f(s, t)
     jax.block_until_ready(s)
-print(json.dumps(sorted(_ascend.native().workspaces())))
+print(json.dumps(sorted(ascend_harness.testing().workspaces())))
 """
 
 

@@ -6,6 +6,7 @@ so each search runs in a fresh interpreter (`_load_in_subprocess`).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 import pytest
 
 from jax_amp_scale.platforms import ascend as _ascend
+from tests import ascend_harness
 from tests.cann_double import control
 
 
@@ -27,7 +29,7 @@ def double(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _forget():
     yield
-    _ascend.native().forget_cann_for_tests()
+    ascend_harness.testing().forget_cann()
 
 
 _SCRIPT = """
@@ -59,7 +61,7 @@ def _load_in_subprocess(monkeypatch, **env):
 def _run_once():
     s, t = jnp.ones((1,), jnp.float32), jnp.zeros((1,), jnp.int32)
     f = jax.jit(
-        lambda s, t: _ascend.update_scale_test_binding(
+        lambda s, t: ascend_harness.update_scale(
             s, t, False, growth_factor=2.0, backoff_factor=0.5, growth_interval=10
         )
     )
@@ -69,7 +71,7 @@ def _run_once():
 def test_math_library_is_preferred(double, monkeypatch):
     control.use(monkeypatch, double, "full")
     home = double.home("full")
-    paths = _ascend.load_cann()
+    paths = _load_in_subprocess(monkeypatch)
     assert paths == {
         "opapi": f"{home}/lib64/libopapi_math.so",
         "nnopbase": f"{home}/lib64/libnnopbase.so",
@@ -137,7 +139,7 @@ def test_absent_libraries_list_every_path_searched(double, monkeypatch):
     # process no math library is loaded under the "missing" home unless an
     # earlier test loaded one: the override makes the search fail for sure.)
     monkeypatch.setenv("JAX_AMP_SCALE_CANN_OPAPI", f"{home}/lib64/libopapi_math.so")
-    _ascend.native().forget_cann_for_tests()
+    ascend_harness.testing().forget_cann()
     with pytest.raises(Exception, match="cannot load CANN"):
         _run_once()
 
@@ -153,4 +155,20 @@ def test_import_needs_no_cann():
     # The package and the Ascend module import without CANN; only a call loads it.
     import jax_amp_scale._native_ascend as mod
 
-    assert "jas_update_scale" in mod.registrations()
+    assert set(mod.registrations()) == {mod.UPDATE_SCALE_TARGET}
+
+
+def test_test_only_code_is_not_in_the_package():
+    # The CPU test binding and the loader/workspace controls are built into
+    # the test extension (tests/native), never into the installed module.
+    import jax_amp_scale._native_ascend as mod
+
+    public = {n for n in dir(mod) if not n.startswith("_")}
+    assert public == {
+        "UPDATE_SCALE_TARGET",
+        "UNSCALE_AND_CHECK_TARGET",
+        "load_cann",
+        "registrations",
+    }
+    assert importlib.util.find_spec("jax_amp_scale._ascend_testing") is None
+    assert ascend_harness.testing().TEST_TARGET not in mod.registrations()

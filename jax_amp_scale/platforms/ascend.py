@@ -1,14 +1,12 @@
-"""Ascend glue: load CANN early, hand out the handler, and the CPU test binding.
+"""Ascend glue: load CANN early and hand out the handler.
 
 The Ascend handler (``ffi/ascend.cc``) calls ``aclnnAmpUpdateScale`` through
 CANN libraries it loads at run time; nothing from CANN is needed to build or
 import this package.  `load_cann` loads them now and raises `CannLoadError`
 listing every path tried when one is missing.
 
-The test binding (`update_scale_test_binding`) runs the same validation and
-the same dispatch code as the device handler, under ``jax.jit`` on CPU, with
-a null stream: pointed at the CANN test double (``tests/cann_double``) it
-proves the dispatch without an NPU.  It is not meant for training.
+The dispatch is proven on CPU against a CANN test double by a test-only
+extension that is not part of the package (``tests/ascend_harness.py``).
 """
 
 from __future__ import annotations
@@ -17,11 +15,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-import jax
-
 from jax_amp_scale.platforms import registry
-
-TEST_TARGET = "jas_update_scale_ascend_test"
 
 
 class CannLoadError(RuntimeError):
@@ -53,48 +47,3 @@ def handler_capsule() -> Any:
     """The production XLA FFI handler (binds ``PlatformStream<aclrtStream>``)."""
     mod = native()
     return mod.registrations()[registry.module_targets(mod)[registry.UPDATE_SCALE]]
-
-
-_test_registered = False
-
-
-def register_test_binding() -> None:
-    """Registers the CPU test binding under `TEST_TARGET` (idempotent)."""
-    global _test_registered
-    if not _test_registered:
-        capsule = native().test_registrations()[TEST_TARGET]
-        jax.ffi.register_ffi_target(TEST_TARGET, capsule, platform="cpu")
-        _test_registered = True
-
-
-def update_scale_test_binding(
-    current_scale: jax.Array,
-    growth_tracker: jax.Array,
-    found_inf: Any,
-    *,
-    growth_factor: float,
-    backoff_factor: float,
-    growth_interval: int,
-) -> tuple[jax.Array, jax.Array]:
-    """`amp_update_scale` through the Ascend dispatch on CPU (tests only).
-
-    Same arguments, validation and found_inf conversion as
-    `jax_amp_scale.amp_update_scale`; lowers to the test binding, which calls
-    ``aclnnAmpUpdateScale`` of whatever CANN `load_cann` finds with a null
-    stream, so the buffers are host memory: only the CANN test double can
-    serve it.
-    """
-    from jax_amp_scale.lowering.update_scale import call_native
-    from jax_amp_scale.state import validation
-    from jax_amp_scale.state.scale_state import check_factor, check_growth_interval
-
-    register_test_binding()
-    gf = check_factor(growth_factor, "growth_factor")
-    bf = check_factor(backoff_factor, "backoff_factor")
-    gi = check_growth_interval(growth_interval)
-    scale = validation.check_scale(current_scale, "current_scale")
-    tracker = validation.check_tracker(growth_tracker, tuple(scale.shape), "growth_tracker")
-    found = validation.found_to_bool(found_inf, tuple(scale.shape))
-    return call_native(
-        TEST_TARGET, scale, tracker, found, growth_factor=gf, backoff_factor=bf, growth_interval=gi
-    )

@@ -36,18 +36,7 @@ _targets: dict[str, str] = {}
 
 def module_targets(mod: Any) -> dict[str, str]:
     """``{operator: FFI target name}`` as native module `mod` defines them."""
-    names = {op: getattr(mod, attr) for op, attr in _TARGET_ATTRIBUTE.items() if hasattr(mod, attr)}
-    if not names:  # TEMPORARY until the native modules export their target names
-        keys = set(mod.registrations())
-        names = {
-            op: t
-            for op, t in (
-                (UPDATE_SCALE, "jas_update_scale"),
-                (UNSCALE_AND_CHECK, "jas_unscale_and_check"),
-            )
-            if t in keys
-        }
-    return names
+    return {op: str(getattr(mod, attr)) for op, attr in _TARGET_ATTRIBUTE.items()}
 
 
 def set_target_names(names: dict[str, str]) -> None:

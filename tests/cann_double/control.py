@@ -84,11 +84,11 @@ def shared(tmp_path_factory: Any) -> CannDouble:
 
 def use(monkeypatch: Any, double: CannDouble, variant: str = "full") -> None:
     """Points the Ascend loader at `variant` of the double, fresh state."""
-    from jax_amp_scale.platforms import ascend as _ascend
+    from tests import ascend_harness
 
     for var in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "JAX_AMP_SCALE_CANN_OPAPI"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("ASCEND_HOME_PATH", str(double.home(variant)))
-    _ascend.native().forget_cann_for_tests()
-    _ascend.native().release_workspaces()
+    ascend_harness.testing().forget_cann()
+    ascend_harness.testing().release_workspaces()
     double.reset()

@@ -1,0 +1,88 @@
+"""The Ascend dispatch on CPU, for tests: the test extension and its binding.
+
+``_ascend_testing`` (``tests/native/ascend_testing_module.cc``, built by
+``tests/native/build.py``, never installed) binds the production checks and
+dispatch of ``ffi/ascend.cc`` on CPU with a null stream.  Pointed at the CANN
+test double (``tests/cann_double``) it proves the dispatch without an NPU.
+The module has its own CANN loader state and workspace cache: `testing()`'s
+``forget_cann``, ``workspaces``, ``retired_workspaces`` and
+``release_workspaces`` act on the state its binding uses.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from types import ModuleType
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jax_amp_scale.lowering.update_scale import call_native
+from jax_amp_scale.state.validation import found_to_bool
+
+# A subprocess started by a test reuses the parent's build through this.
+_PATH_VAR = "JAS_ASCEND_TESTING_MODULE"
+_module: ModuleType | None = None
+_registered = False
+
+
+def testing() -> ModuleType:
+    """The built ``_ascend_testing`` module (built on first use)."""
+    global _module
+    if _module is None:
+        path = os.environ.get(_PATH_VAR)
+        if not path:
+            from tests.native import build
+
+            path = str(build.build())
+            os.environ[_PATH_VAR] = path
+        spec = importlib.util.spec_from_file_location("_ascend_testing", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _module = module
+    return _module
+
+
+def register_test_binding() -> str:
+    """Registers the CPU test binding (idempotent); returns its target name."""
+    global _registered
+    mod = testing()
+    if not _registered:
+        capsule = mod.registrations()[mod.TEST_TARGET]
+        jax.ffi.register_ffi_target(mod.TEST_TARGET, capsule, platform="cpu")
+        _registered = True
+    return str(mod.TEST_TARGET)
+
+
+def update_scale(
+    current_scale: jax.Array,
+    growth_tracker: jax.Array,
+    found_inf: Any,
+    *,
+    growth_factor: float,
+    backoff_factor: float,
+    growth_interval: int,
+) -> tuple[jax.Array, jax.Array]:
+    """`amp_update_scale` through the Ascend dispatch on CPU.
+
+    The caller passes valid attributes and a state of shape (1,) or (); the
+    native checks still reject anything else.  found_inf (nonzero or NaN
+    means overflow) goes to the handler in the scale's dtype, as the operator
+    wants it; the call is in place and vmaps as one call per batch (the
+    package's own custom-call wrapper, pointed at the test target).
+    """
+    target = register_test_binding()
+    scale = jnp.asarray(current_scale)
+    found = found_to_bool(found_inf, tuple(scale.shape))
+    return call_native(
+        target,
+        scale,
+        jnp.asarray(growth_tracker),
+        found,
+        growth_factor=growth_factor,
+        backoff_factor=backoff_factor,
+        growth_interval=growth_interval,
+    )

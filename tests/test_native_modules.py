@@ -1,0 +1,47 @@
+"""Every native module follows one pattern: target names read from the module.
+
+The FFI target names are defined once in C++ (ffi/targets.h) and exported by
+each module as UPDATE_SCALE_TARGET and UNSCALE_AND_CHECK_TARGET;
+registrations() maps those names to capsules.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import pytest
+
+from jax_amp_scale.platforms import native
+
+MODULES = {
+    "_native_cpu": {"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET"},
+    "_native_cuda": {"UPDATE_SCALE_TARGET"},
+    "_native_ascend": {"UPDATE_SCALE_TARGET"},
+    "_native_plugin": None,  # the PJRT registrar hands out no capsule
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_target_names_and_registrations(name):
+    if importlib.util.find_spec(f"jax_amp_scale.{name}") is None:
+        pytest.skip(f"{name} was not built here")
+    mod = importlib.import_module(f"jax_amp_scale.{name}")
+    # One spelling: the names the package registers are the modules' own.
+    assert mod.UPDATE_SCALE_TARGET == native.target("update_scale") == "jas_update_scale"
+    assert native.target("unscale_and_check") == mod.UNSCALE_AND_CHECK_TARGET
+    assert native.target("unscale_and_check") == "jas_unscale_and_check"
+    attrs = MODULES[name]
+    if attrs is None:
+        assert not hasattr(mod, "registrations")
+        return
+    regs = mod.registrations()
+    assert set(regs) == {getattr(mod, a) for a in attrs}
+    assert all(type(c).__name__ == "PyCapsule" for c in regs.values())
+
+
+def test_cpu_module_keeps_its_ffi_api_version():
+    import jax_amp_scale._native_cpu as mod
+
+    major, minor = mod.ffi_api_version()
+    assert isinstance(major, int) and isinstance(minor, int)
