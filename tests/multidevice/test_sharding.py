@@ -116,7 +116,12 @@ def _assert_replicated(x, expected):
 @pytest.mark.parametrize("mode", MODES, ids=str)
 @pytest.mark.parametrize(
     ("leaf", "index", "bad"),
-    [("w", (0, 0), np.inf), ("w", (15, 7), np.nan), ("b", (5,), -np.inf)],
+    [
+        ("w", (0, 0), np.inf),
+        # The other positions and values widen the grid: the slow tier.
+        pytest.param("w", (15, 7), np.nan, marks=pytest.mark.slow),
+        pytest.param("b", (5,), -np.inf, marks=pytest.mark.slow),
+    ],
 )
 def test_overflow_in_one_shard_makes_every_device_skip(layout, backend, mode, leaf, index, bad):
     mesh = _mesh(layout, mode)
@@ -295,7 +300,11 @@ def _apply_library(state, params, grads, backend):
     return jas.update_scale(state, found, backend), new_params, found
 
 
-@pytest.mark.parametrize("apply", [_apply, _apply_library], ids=["by_hand", "library"])
+@pytest.mark.parametrize(
+    "apply",
+    [pytest.param(_apply, marks=pytest.mark.slow), _apply_library],
+    ids=["by_hand", "library"],
+)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", MODES, ids=str)
