@@ -266,6 +266,24 @@ def test_scale_reaching_zero_or_floor_warns():
         jax.effects_barrier()
 
 
+def test_overflow_callbacks_off_for_jax_export():
+    """Host callbacks cannot be serialized: overflow_callbacks=False exports."""
+    from jax import export
+
+    tx = loss_scaled(optax.sgd(1.0), backend="reference", overflow_callbacks=False)
+    st = tx.init(jnp.zeros(3))
+    exp = export.export(jax.jit(tx.update))(jnp.ones(3), st, jnp.zeros(3))
+    u, st2 = exp.call(jnp.full(3, jnp.inf), st, jnp.zeros(3))
+    np.testing.assert_array_equal(u, np.zeros(3))
+    assert int(st2.reason) == SkipReason.OVERFLOW and int(st2.consecutive_overflows) == 1
+    with pytest.raises(NotImplementedError, match="host_callbacks"):
+        export.export(jax.jit(loss_scaled(optax.sgd(1.0), backend="reference").update))(
+            jnp.ones(3), st, jnp.zeros(3)
+        )
+    with pytest.raises(ValueError, match="max_consecutive_overflows needs overflow_callbacks=True"):
+        loss_scaled(optax.sgd(1.0), max_consecutive_overflows=3, overflow_callbacks=False)
+
+
 # --------------------------------------------------------------- torch port
 
 

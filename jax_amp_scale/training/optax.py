@@ -304,6 +304,7 @@ def loss_scaled(
     max_consecutive_overflows: int | None = None,
     grad_norm: bool = False,
     clip_grad_norm: float | None = None,
+    overflow_callbacks: bool = True,
     axis_name: Hashable | None = None,
     backend: Backend = "auto",
 ) -> optax.GradientTransformationExtraArgs:
@@ -345,6 +346,11 @@ def loss_scaled(
         `inner`, with torch's ``clip_grad_norm_`` formula (``g *
         min(1, max_norm / (norm + 1e-6))``); the norm before clipping is
         recorded as with `grad_norm`.
+      overflow_callbacks: emit the overflow reports (the warning when a
+        dynamic scale reaches 0 or ``min_scale``, and the
+        `max_consecutive_overflows` error) through ``jax.debug.callback``
+        (default True).  False for ``jax.export``, which cannot serialize
+        host callbacks; the counters stay in the state.
       axis_name: optional mapped axis; found_inf is OR-reduced across it so
         all replicas skip together and keep equal scales.
       backend: the core `update_scale` backend (``"auto"``, ``"reference"``,
@@ -387,7 +393,14 @@ def loss_scaled(
     inner = optax.with_extra_args_support(inner)
     dynamic = isinstance(kind, loss_scale_kinds.DynamicScale)
     floor = kind.min_scale if dynamic else None  # type: ignore[union-attr]
-    reports = dynamic or limit is not None
+    reports = check_bool(overflow_callbacks, "overflow_callbacks") and (
+        dynamic or limit is not None
+    )
+    if limit is not None and not overflow_callbacks:
+        raise ValueError(
+            "max_consecutive_overflows needs overflow_callbacks=True (it raises from a "
+            "jax.debug.callback); without callbacks, read state.consecutive_overflows instead"
+        )
 
     def init_fn(params: Any) -> LossScaledState:
         if _inside_multisteps():

@@ -44,7 +44,7 @@ class Trainer:
         so every replica takes the same step.
       drop_overflow_update: None (the kind's choice), True or False.
       accumulate, skip_nonfinite_updates, max_consecutive_overflows,
-        grad_norm, clip_grad_norm: as in `loss_scaled` (each `step` call is
+        grad_norm, clip_grad_norm, overflow_callbacks: as in `loss_scaled` (each `step` call is
         then one micro-batch; params change on every `accumulate`-th call).
       backend: the core `update_scale` backend, as in `loss_scaled`.
 
@@ -75,6 +75,7 @@ class Trainer:
     max_consecutive_overflows: int | None = None
     grad_norm: bool = False
     clip_grad_norm: float | None = None
+    overflow_callbacks: bool = True
     tx: Any = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -99,6 +100,7 @@ class Trainer:
             max_consecutive_overflows=self.max_consecutive_overflows,
             grad_norm=self.grad_norm,
             clip_grad_norm=self.clip_grad_norm,
+            overflow_callbacks=self.overflow_callbacks,
         )
         object.__setattr__(self, "tx", tx)
 
