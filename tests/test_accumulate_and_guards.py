@@ -489,3 +489,30 @@ def test_state_from_other_options_is_rejected():
     old = LossScaledState(*st[:5])  # a state built with the original five fields
     _, new = loss_scaled(optax.sgd(1.0)).update(jnp.ones(2), old, jnp.zeros(2))
     assert int(new.reason) == 0 and int(new.consecutive_overflows) == 0
+
+
+def _reductions(fn, *args):
+    import re
+
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    return len(re.findall(r" reduce\(", text))
+
+
+def test_default_step_adds_no_pass_over_the_leaves():
+    """The new features cost nothing by default: the default step has the
+    reductions of the unscale-and-check pass alone; the gradient norm and
+    the non-finite update check add one per leaf only when asked."""
+    params = [jnp.ones((16, 16)) * i for i in range(12)]
+    kind = jas.dynamic_scale()
+    check_only = _reductions(lambda g: jas.unscale_and_check(g, kind), params)
+    counts = {}
+    for name, kw in {
+        "default": {},
+        "grad_norm": {"grad_norm": True},
+        "nonfinite": {"skip_nonfinite_updates": True},
+    }.items():
+        tx = loss_scaled(optax.adam(1e-3), kind, **kw)
+        counts[name] = _reductions(tx.update, params, tx.init(params), params)
+    assert counts["default"] == check_only
+    assert counts["grad_norm"] >= check_only + len(params)
+    assert counts["nonfinite"] >= check_only + len(params)
