@@ -10,7 +10,9 @@ from jax_amp_scale.ops.update_scale import amp_update_scale, update_scale
 from jax_amp_scale.state.scale_state import ScaleState, init_scale_state
 from jax_amp_scale.training.helpers import (
     all_finite,
+    clip_by_global_norm,
     find_scale_state,
+    global_norm,
     nonfinite_leaves,
     nonfinite_paths,
     scale_loss,
@@ -47,9 +49,11 @@ __all__ = [
     "as_loss_scale",
     "auto_backend",
     "available_backends",
+    "clip_by_global_norm",
     "dynamic_scale",
     "find_scale_state",
     "get_policy",
+    "global_norm",
     "init_scale_state",
     "loss_scale_for",
     "no_op_scale",

@@ -223,7 +223,8 @@ def test_both_skip_strategies_give_the_same_bits(found):
             lambda g, s, p, f: _update_unless(f, inner, g, s, p, {}, by_select=by_select)
         )(grads, state, params, jnp.array(found))
 
-    (u_sel, s_sel), (u_cond, s_cond) = skip(True), skip(False)
+    (u_sel, s_sel, b_sel), (u_cond, s_cond, b_cond) = skip(True), skip(False)
+    assert not bool(b_sel) and not bool(b_cond)
     tree_equal(u_sel, u_cond)
     tree_equal(s_sel, s_cond)
     if found:

@@ -103,7 +103,9 @@ def test_jmp_strings(text, expect):
         ("p=f32,p=f16", "twice"),
         ("p=int8", "unknown dtype"),
         ("p=f32,c", "key=dtype"),
-        ("O9", "unknown dtype"),
+        ("O9", r"unknown level 'O9'; the levels are O0, O1, O2, O3"),
+        ("O4", r"unknown level 'O4'; the levels are O0, O1, O2, O3"),
+        ("float8", r"neither a level \(O0, O1, O2, O3\), a dtype name .*jmp policy string"),
     ],
 )
 def test_bad_strings(text, match):

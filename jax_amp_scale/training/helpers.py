@@ -127,7 +127,57 @@ def unscale(tree: PyTree, state: Any) -> PyTree:
     once back to its own dtype; integer/bool/float0 leaves pass unchanged.
     """
     inv = _inverse(state)
+    if inv is None:  # identity scale: the tree as is, like scale_loss
+        return tree
     return jax.tree_util.tree_map(lambda x: unscale_leaf(x, inv), tree)
+
+
+def check_max_norm(value: Any, name: str = "max_norm") -> float:
+    """`value` as a finite float > 0, or a ValueError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float > 0, got {type(value).__name__}")
+    v = float(value)
+    if not (np.isfinite(v) and v > 0):
+        raise ValueError(f"{name} must be a finite float > 0, got {value!r}")
+    return v
+
+
+def global_norm(tree: PyTree) -> jax.Array:
+    """float32 L2 norm of all floating leaves, as torch's ``clip_grad_norm_``
+    computes it (the norm of the per-leaf norms); 0 for an empty tree."""
+    norms = [
+        jnp.sqrt(jnp.sum(jnp.square(x.astype(jnp.float32))))
+        for x in jax.tree_util.tree_leaves(tree)
+        if is_float_leaf(x)
+    ]
+    if not norms:
+        return jnp.zeros((), jnp.float32)
+    return jnp.sqrt(jnp.sum(jnp.square(jnp.stack(norms))))
+
+
+def clip_to_norm(tree: PyTree, norm: jax.Array, max_norm: float) -> PyTree:
+    """Floating leaves times ``min(1, max_norm / (norm + 1e-6))`` (torch's formula)."""
+    coef = jnp.minimum(jnp.float32(max_norm) / (norm + jnp.float32(1e-6)), jnp.float32(1.0))
+
+    def one(x: Any) -> Any:
+        if not is_float_leaf(x):
+            return x
+        return (x.astype(compute_dtype(x.dtype)) * coef).astype(x.dtype)
+
+    return jax.tree_util.tree_map(one, tree)
+
+
+def clip_by_global_norm(tree: PyTree, max_norm: float) -> tuple[PyTree, jax.Array]:
+    """torch's ``clip_grad_norm_`` for a pytree: ``(clipped, norm)``.
+
+    Call it on *unscaled* gradients (after `unscale_and_check`, torch's
+    ``scaler.unscale_``).  `norm` is the float32 global norm before
+    clipping; a non-finite norm (an overflow step) leaves non-finite leaves,
+    as torch does, and the step should be skipped anyway.
+    """
+    max_norm = check_max_norm(max_norm)
+    norm = global_norm(tree)
+    return clip_to_norm(tree, norm, max_norm), norm
 
 
 def all_finite(tree: PyTree) -> jax.Array:
@@ -210,6 +260,15 @@ def nonfinite_paths(report: PyTree) -> list[str]:
     this function calls ``bool()`` on each flag, so it cannot run under jit).
     """
     flat, _ = jax.tree_util.tree_flatten_with_path(report)
+    for path, flag in flat:
+        dtype = getattr(flag, "dtype", None)
+        if not (isinstance(flag, bool) or (dtype == np.bool_ and np.size(flag) == 1)):
+            raise TypeError(
+                "report must hold one bool per leaf, as nonfinite_leaves returns; "
+                f"got {dtype if dtype is not None else type(flag).__name__} "
+                f"of shape {tuple(np.shape(flag))} at {jax.tree_util.keystr(path)}: "
+                "call nonfinite_paths(nonfinite_leaves(grads))"
+            )
     return [jax.tree_util.keystr(path) for path, flag in flat if bool(np.asarray(flag))]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import warnings
 from collections.abc import Hashable
 from typing import Any, Protocol, runtime_checkable
 
@@ -270,6 +271,23 @@ def dynamic_scale(
     state = init_scale_state(
         init_scale, growth_factor, backoff_factor, growth_interval, dtype=dtype, shape=shape
     )
+    # Legal for the operator (the spec allows any positive factor), but a
+    # training scale that grows on overflow or shrinks on success is a typo.
+    if state.backoff_factor >= 1.0:
+        warnings.warn(
+            f"dynamic_scale: backoff_factor={backoff_factor} >= 1 does not reduce the scale "
+            "on an overflow; use a value in (0, 1), such as torch's 0.5",
+            UserWarning,
+            stacklevel=2,
+        )
+    if state.growth_factor <= 1.0:
+        warnings.warn(
+            f"dynamic_scale: growth_factor={growth_factor} <= 1 does not grow the scale "
+            "after growth_interval finite steps; use a value > 1, such as torch's 2.0 "
+            "(or static_scale(x) for a fixed scale)",
+            UserWarning,
+            stacklevel=2,
+        )
     lo = _optional_bound(min_scale, "min_scale")
     hi = _optional_bound(max_scale, "max_scale")
     if lo is not None and hi is not None and lo > hi:

@@ -225,7 +225,16 @@ def get_policy(name: str) -> Policy:
     if name.strip().upper() in _PRESETS:
         return _PRESETS[name.strip().upper()]
     if "=" not in name:
-        dt = _check_dtype(name, "name")
+        if re.fullmatch(r"\s*[oO]\d+\s*", name):
+            raise ValueError(f"unknown level {name!r}; the levels are {', '.join(LEVELS)}")
+        try:
+            dt = _check_dtype(name, "name")
+        except ValueError:
+            raise ValueError(
+                f"name {name!r} is neither a level ({', '.join(LEVELS)}), a dtype name "
+                f"({', '.join(sorted(_DTYPE_NAMES))}) nor a jmp policy string such as "
+                "'params=float32,compute=float16,output=float32'"
+            ) from None
         return Policy(dt, dt, dt)
     fields: dict[str, np.dtype] = {}
     for part in name.split(","):

@@ -43,6 +43,9 @@ class Trainer:
         loss are averaged over it (``lax.pmean``) and found_inf is OR-reduced,
         so every replica takes the same step.
       drop_overflow_update: None (the kind's choice), True or False.
+      accumulate, skip_nonfinite_updates, max_consecutive_overflows,
+        grad_norm, clip_grad_norm, overflow_callbacks: as in `loss_scaled` (each `step` call is
+        then one micro-batch; params change on every `accumulate`-th call).
       backend: the core `update_scale` backend, as in `loss_scaled`.
 
     ``init(params)`` returns the optimizer state, a
@@ -50,10 +53,14 @@ class Trainer:
     loss_fn)`` returns ``(params, state, metrics)``; ``loss_fn(params, batch)``
     returns a floating scalar loss (or ``(loss, aux)``).  ``metrics`` holds
     ``loss`` (the unscaled loss, float32), ``scale`` (the scale this step's
-    loss was multiplied by), ``skipped`` (bool: the update was dropped),
-    ``found_inf`` (bool), ``skipped_steps`` and ``total_steps`` (int32 totals
-    after this step), and ``aux`` with ``has_aux``.  On a skipped step the
-    returned params are the input params, bit for bit.
+    loss was multiplied by), ``skipped`` (bool: the optimizer step was
+    dropped, for an overflow or a non-finite update), ``found_inf`` (bool),
+    ``reason`` (int32 `SkipReason`: 0 applied, 1 overflow, 2 non-finite
+    update, 3 accumulating), ``consecutive_overflows``, ``skipped_steps`` and
+    ``total_steps`` (int32, after this step), ``grad_norm`` (float32, with
+    ``grad_norm=True`` or ``clip_grad_norm``) and ``aux`` with ``has_aux``.
+    Whenever the update is not applied the returned params are the input
+    params, bit for bit.
     """
 
     optimizer: Any
@@ -63,6 +70,12 @@ class Trainer:
     axis_name: Hashable | None = None
     drop_overflow_update: bool | None = None
     backend: Backend = "auto"
+    accumulate: int = 1
+    skip_nonfinite_updates: bool | None = None
+    max_consecutive_overflows: int | None = None
+    grad_norm: bool = False
+    clip_grad_norm: float | None = None
+    overflow_callbacks: bool = True
     tx: Any = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -82,6 +95,12 @@ class Trainer:
             self.drop_overflow_update,
             axis_name=self.axis_name,
             backend=self.backend,
+            accumulate=self.accumulate,
+            skip_nonfinite_updates=self.skip_nonfinite_updates,
+            max_consecutive_overflows=self.max_consecutive_overflows,
+            grad_norm=self.grad_norm,
+            clip_grad_norm=self.clip_grad_norm,
+            overflow_callbacks=self.overflow_callbacks,
         )
         object.__setattr__(self, "tx", tx)
 
@@ -122,19 +141,24 @@ class Trainer:
         scale_used = helpers.scale_value(state)
         updates, new_state = self.tx.update(grads, state, params)
         skipped = new_state.skipped_steps > state.skipped_steps
+        held = new_state.reason != 0  # SkipReason.APPLIED
         new_params = optax.apply_updates(params, updates)
         # Zero updates would still turn -0.0 into +0.0: keep the input bits.
         new_params = jax.tree_util.tree_map(
-            lambda old, new: jnp.where(skipped, old, new), params, new_params
+            lambda old, new: jnp.where(held, old, new), params, new_params
         )
         metrics = {
             "loss": loss.astype(jnp.float32),
             "scale": scale_used,
             "skipped": skipped,
             "found_inf": new_state.found_inf,
+            "reason": new_state.reason,
+            "consecutive_overflows": new_state.consecutive_overflows,
             "skipped_steps": new_state.skipped_steps,
             "total_steps": new_state.total_steps,
         }
+        if new_state.grad_norm is not None:
+            metrics["grad_norm"] = new_state.grad_norm
         if has_aux:
             metrics["aux"] = aux
         return new_params, new_state, metrics
