@@ -150,7 +150,10 @@ def test_unknown_platform_without_a_library_path():
 
 
 def _cuda_plugin_path() -> Path | None:
-    spec = importlib.util.find_spec("jax_plugins.xla_cuda12")
+    try:
+        spec = importlib.util.find_spec("jax_plugins.xla_cuda12")
+    except ModuleNotFoundError:  # no jax_plugins namespace at all
+        return None
     if spec is None or spec.origin is None:
         return None
     path = Path(spec.origin).parent / "xla_cuda_plugin.so"
