@@ -169,6 +169,19 @@ WorkspaceCache& GlobalWorkspaceCache() {
 std::string DispatchUpdateScale(const cann::CannApi& api, WorkspaceCache& cache,
                                 int64_t device, cann::aclrtStream stream,
                                 const UpdateScaleCall& call) {
+  // aclnnAmpUpdateScale computes CANN's rule (update_scale.h, Rule::kCann
+  // without the guard, which the lowering adds after the call:
+  // jax_amp_scale/lowering/update_scale.py).  Under Rule::kTorch that is
+  // torch's rule only when both factors are powers of two exact in float32;
+  // dispatch/backends.py plans the reference for any other torch state.
+  if (call.rule == Rule::kTorch && !(IsExactInFloat32PowerOfTwo(call.growth_factor) &&
+                                     IsExactInFloat32PowerOfTwo(call.backoff_factor))) {
+    return "rule 'torch' with growth_factor=" + std::to_string(call.growth_factor) +
+           " and backoff_factor=" + std::to_string(call.backoff_factor) +
+           " cannot run on aclnnAmpUpdateScale bit-exactly (it multiplies in "
+           "float32; torch's rule is exact there only for power-of-two factors): "
+           "use backend='auto' or 'reference', or rule='cann'";
+  }
   if (call.scale_out != call.scale || call.tracker_out != call.tracker) {
     return "aclnnAmpUpdateScale is called in place: the outputs must alias the "
            "inputs (input_output_aliases={0: 0, 1: 1})";

@@ -67,6 +67,10 @@ WorkspaceCache& GlobalWorkspaceCache();
 // `tracker` (XLA aliases them, as torch_npu calls the operator in place).
 // The operator takes shape-[1] tensors, so a vmapped batch (count > 1) is
 // dispatched as one operator call per element, each on its own descriptors.
+// The operator computes CANN's published kernel (Rule::kCann without the
+// library's guard, which the lowering applies after the call); a Rule::kTorch
+// call is refused unless both factors are powers of two exact in float32
+// (then the kernel's bits are torch's).
 // Returns an empty string or the error (with aclnn status, its name and
 // aclGetRecentErrMsg()).
 std::string DispatchUpdateScale(const cann::CannApi& api, WorkspaceCache& cache,

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_amp_scale.lowering.update_scale import call_native
+from jax_amp_scale.lowering.update_scale import call_native, refuse_infinite_growth
 from jax_amp_scale.state.validation import found_to_bool
 
 # A subprocess started by a test reuses the parent's build through this.
@@ -65,6 +65,8 @@ def update_scale(
     growth_factor: float,
     backoff_factor: float,
     growth_interval: int,
+    rule: str = "cann",
+    guard: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """`amp_update_scale` through the Ascend dispatch on CPU.
 
@@ -73,11 +75,16 @@ def update_scale(
     means overflow) goes to the handler in the scale's dtype, as the operator
     wants it; the call is in place and vmaps as one call per batch (the
     package's own custom-call wrapper, pointed at the test target).
+
+    `rule` is the state's rule attribute (the handler refuses ``"torch"``
+    unless both factors are powers of two).  Without `guard` the result is
+    the operator's own (CANN's kernel: a float16 32768 grown x2 is inf);
+    with it, the library's guard runs after the call as on Ascend.
     """
     target = register_test_binding()
     scale = jnp.asarray(current_scale)
     found = found_to_bool(found_inf, tuple(scale.shape))
-    return call_native(
+    new_scale, new_tracker = call_native(
         target,
         scale,
         jnp.asarray(growth_tracker),
@@ -85,4 +92,8 @@ def update_scale(
         growth_factor=growth_factor,
         backoff_factor=backoff_factor,
         growth_interval=growth_interval,
+        rule=rule,
     )
+    if guard:
+        new_scale = refuse_infinite_growth(scale, found, new_scale)
+    return new_scale, new_tracker

@@ -1,10 +1,8 @@
 /* Core of the CANN test double (see cann_double.h).
  *
- * It implements aclnnAmpUpdateScale's rule on host memory, on its own (it
- * does not share code with ffi/update_scale.h): scale * factor is one IEEE
- * double multiplication (exact product rounded to float64, as torch does),
- * then narrowed to the scale dtype: float32 by a C cast, float16 through the
- * compiler's _Float16, bfloat16 by rounding in double arithmetic.  Every call
+ * It implements aclnnAmpUpdateScale on host memory as CANN's published
+ * kernel computes it (see "the operator's rule" below, cited by file:line),
+ * on its own: it shares no code with ffi/update_scale.h.  Every call
  * is checked the way the operator documents (dtypes, shapes, format,
  * attribute range, two-phase order) and recorded as one JSON line.  Tests
  * drive it through the exported cd_* control functions (ctypes). */
@@ -22,7 +20,7 @@
 #define EXPORT __attribute__((visibility("default")))
 
 enum { ACL_FLOAT = 0, ACL_FLOAT16 = 1, ACL_INT32 = 3, ACL_BF16 = 27, ACL_FORMAT_ND = 2 };
-enum { ST_NULLPTR = 161001, ST_INVALID = 161002 };
+enum { ST_NULLPTR = 161001, ST_INVALID = 161002, ST_TILING = 561002 };
 #define MAXDIMS 8
 #define TENSOR_MAGIC 0x7e45044bu
 #define EXEC_MAGIC 0xe8ec0701u
@@ -109,7 +107,23 @@ static int32_t injected(const char* api) {
   return 0;
 }
 
-/* ---- the operator's rule, independently ---- */
+/* ---- the operator's rule, as CANN's published kernel computes it ----
+ *
+ * hicann/ops-math (commit c41933244) math/amp_update_scale/:
+ * - op_host/amp_update_scale_tiling.cpp:63-71: the factors reach the kernel
+ *   as float (the API's double is rounded to float32 on the way: a C cast,
+ *   nearest even); :73-80: the interval must lie in [1, INT32_MAX] (tiling
+ *   error 561002, checked in cd_get_workspace_size).
+ * - op_kernel/amp_update_scale.h:115-134: scale and found_inf widened to
+ *   float32; :140 `if (foundInf_)` (float to bool: nonzero, subnormal, NaN);
+ *   :141 backoff as a float32 product, no finiteness test; :144 int32
+ *   tracker + 1; :146-147 growth as a float32 product kept when IsFinite
+ *   (:86-93, on the float32 exponent bits); :162-172 the cast to the scale's
+ *   dtype happens at the store, after that test (so float16 32768 * 2 is
+ *   stored as inf).
+ * Host float32 arithmetic in the default environment (IEEE, subnormals
+ * kept) stands in for the vector unit; the float16 store uses the
+ * compiler's _Float16 conversion (nearest even), bfloat16 CAST_RINT. */
 static float load(int32_t dt, const void* p) {
   if (dt == ACL_FLOAT) {
     float f;
@@ -129,73 +143,56 @@ static float load(int32_t dt, const void* p) {
   return f;
 }
 
-/* double -> bfloat16, nearest-even, by arithmetic: keep 8 significant bits. */
-static uint16_t to_bf16(double d) {
-  if (isnan(d)) {
-    float f = (float)d;
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u >> 16) | 0x40u);
-  }
-  if (isinf(d) || d == 0.0) return signbit(d) ? (isinf(d) ? 0xFF80u : 0x8000u)
-                                              : (isinf(d) ? 0x7F80u : 0x0000u);
-  int e = ilogb(d);
-  if (e < -126) e = -126; /* subnormals share the finest spacing */
-  double q = ldexp(nearbyint(ldexp(d, 7 - e)), e - 7); /* default mode: nearest-even */
-  const double max_bf16 = ldexp(255.0, 120);           /* 0x7F7F */
-  float r;
-  if (fabs(q) > max_bf16) {
-    r = q > 0 ? INFINITY : -INFINITY;
-  } else {
-    r = (float)q; /* exact: q has at most 8 significant bits */
-  }
+/* float32 -> bfloat16 with round-to-nearest-even (CAST_RINT), on the bits. */
+static uint16_t to_bf16(float f) {
   uint32_t u;
-  memcpy(&u, &r, 4);
+  memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN */
+  const uint32_t lsb = (u >> 16) & 1u;
+  u += 0x7FFFu + lsb; /* carries into the exponent; overflow gives inf */
   return (uint16_t)(u >> 16);
 }
 
-static void store(int32_t dt, void* p, double v) {
+static void store(int32_t dt, void* p, float v) {
   if (dt == ACL_FLOAT) {
-    float f = (float)v;
-    memcpy(p, &f, 4);
+    memcpy(p, &v, 4);
   } else if (dt == ACL_FLOAT16) {
-    _Float16 x = (_Float16)v; /* one rounding from double */
+    _Float16 x = (_Float16)v; /* amp_update_scale.h:165 static_cast<half> */
     memcpy(p, &x, 2);
   } else {
-    uint16_t b = to_bf16(v);
+    uint16_t b = to_bf16(v); /* amp_update_scale.h:171 CAST_RINT */
     memcpy(p, &b, 2);
   }
 }
 
+/* IsFinite of amp_update_scale.h:86-93: exponent bits not all ones. */
+static int is_finite_f32(float v) {
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return ((u & 0x7FFFFFFFu) >> 23) != 0xFFu;
+}
+
 static void apply_rule(const cd_executor* e) {
-  const float scale = load(e->dtype, e->scale);
+  const float gf = (float)e->gf, bf = (float)e->bf; /* tiling: float attributes */
+  float scale = load(e->dtype, e->scale);
   const float found = load(e->dtype, e->found);
   int32_t tracker;
   memcpy(&tracker, e->tracker, 4);
-  const size_t item = e->dtype == ACL_FLOAT ? 4 : 2;
-  unsigned char keep[4];
-  memcpy(keep, e->scale, item);
-  int32_t new_tracker;
-  if (found != 0.0f) { /* NaN != 0 */
-    store(e->dtype, e->scale_out, (double)scale * e->bf);
-    new_tracker = 0;
+  if (found != 0.0f || found != found) { /* :140, float -> bool */
+    scale *= bf;                         /* :141 */
+    tracker = 0;
   } else {
-    int32_t next = (int32_t)((uint32_t)tracker + 1u); /* wraps, no UB */
-    if ((int64_t)next == e->gi) {
-      unsigned char grown[4];
-      store(e->dtype, grown, (double)scale * e->gf);
-      if (isfinite(load(e->dtype, grown))) {
-        memcpy(e->scale_out, grown, item);
-      } else {
-        memcpy(e->scale_out, keep, item);
-      }
-      new_tracker = 0;
+    const int32_t successful = (int32_t)((uint32_t)tracker + 1u); /* :144, wraps */
+    if ((int64_t)successful == e->gi) {
+      const float grown = scale * gf; /* :146 */
+      if (is_finite_f32(grown)) scale = grown;
+      tracker = 0;
     } else {
-      memcpy(e->scale_out, keep, item);
-      new_tracker = next;
+      tracker = successful;
     }
   }
-  memcpy(e->tracker_out, &new_tracker, 4);
+  store(e->dtype, e->scale_out, scale); /* :162-172, after the test */
+  memcpy(e->tracker_out, &tracker, 4);
 }
 
 /* ---- registry helpers ---- */
@@ -289,10 +286,15 @@ static int32_t check_tensor(const cd_tensor* t, const char* name, int32_t want_d
     set_msg("%s has dtype %d, expected %d", name, t->dtype, want_dtype);
     return ST_INVALID;
   }
-  if (t->ndims != 1 || t->dims[0] != 1 || t->strides[0] != 1 || t->offset != 0 ||
-      t->nstorage != 1 || t->storage[0] != 1) {
+  if (t->ndims != 1 || t->dims[0] != 1 || t->strides[0] != 1 || t->offset != 0) {
     set_msg("%s must be a contiguous tensor of shape [1]", name);
     return ST_INVALID;
+  }
+  if (!(t->nstorage == 0 || (t->nstorage == 1 && t->storage[0] == 1))) {
+    /* amp_update_scale_tiling.cpp:82-95: a storage shape other than [1] (0-d
+     * counts as [1], :32-37) is a tiling error. */
+    set_msg("%s: storage shape must be [1]", name);
+    return ST_TILING;
   }
   if (t->format != ACL_FORMAT_ND) {
     set_msg("%s must have format ND", name);
@@ -337,9 +339,9 @@ EXPORT int32_t cd_get_workspace_size(const char* lib, const cd_tensor* scale,
       (st = check_tensor(scale_out, "updatedScale", dt)) ||
       (st = check_tensor(tracker_out, "updatedGrowthTracker", ACL_INT32)))
     goto out;
-  if (gi < 1 || gi > 2147483647) {
-    set_msg("growthInterval %lld out of range", (long long)gi);
-    st = ST_INVALID;
+  if (gi < 1 || gi > 2147483647) { /* amp_update_scale_tiling.cpp:75 */
+    set_msg("growthInterval %lld must be in range [1, INT32_MAX]", (long long)gi);
+    st = ST_TILING;
     goto out;
   }
   if ((st = injected("aclnnAmpUpdateScaleGetWorkspaceSize"))) goto out;
