@@ -19,7 +19,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jax_amp_scale.lowering.gradient_pass import cann_fused_pass
 from jax_amp_scale.lowering.update_scale import call_native, refuse_infinite_growth
+from jax_amp_scale.reference.gradient_pass import reference_pass
 from jax_amp_scale.state.validation import found_to_bool
 
 # A subprocess started by a test reuses the parent's build through this.
@@ -47,14 +49,24 @@ def testing() -> ModuleType:
 
 
 def register_test_binding() -> str:
-    """Registers the CPU test binding (idempotent); returns its target name."""
+    """Registers the CPU test bindings (idempotent); returns the update-scale one's name."""
     global _registered
     mod = testing()
     if not _registered:
-        capsule = mod.registrations()[mod.TEST_TARGET]
-        jax.ffi.register_ffi_target(mod.TEST_TARGET, capsule, platform="cpu")
+        capsules = mod.registrations()
+        for name in (mod.TEST_TARGET, mod.UNSCALE_TEST_TARGET):
+            jax.ffi.register_ffi_target(name, capsules[name], platform="cpu")
         _registered = True
     return str(mod.TEST_TARGET)
+
+
+def unscale_and_check(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
+    """The fused gradient pass through the Ascend dispatch on CPU
+    (``aclnnForeachNonFiniteCheckAndUnscale`` of the double): the lowering's
+    CANN calling convention, float64 and empty leaves through the reference."""
+    register_test_binding()
+    target = str(testing().UNSCALE_TEST_TARGET)
+    return cann_fused_pass(target, reference_pass)(jnp.asarray(inv, jnp.float32), list(leaves))
 
 
 def update_scale(

@@ -240,17 +240,19 @@ def test_every_error_status_is_surfaced_with_its_message(cann, api, status, name
     assert len(runs) == (1 if api == "aclnnAmpUpdateScale" else 0)
 
 
-def test_workspace_allocation_failure_frees_the_executor(cann):
+def test_workspace_allocation_failure_leaves_the_executor_to_cann(cann):
+    # aclDestroyAclOpExecutor is documented for executors made repeatable
+    # only; torch_npu's EXEC_NPU_CMD does not call it when the workspace
+    # cannot be allocated either.  The descriptors are still destroyed.
     cann.set_workspace_size(2 * MiB)
     cann.fail("aclrtMalloc", 207001, "out of device memory (double)")
     s, t = state(jnp.float32)
-    with pytest.raises(Exception, match=r"aclrtMalloc.*207001.*out of device memory"):
+    before = cann.stats()["live_execs"]
+    with pytest.raises(Exception, match=r"aclnnAmpUpdateScale: aclrtMalloc.*207001.*out of device"):
         jax.block_until_ready(step(s, t, False))
-    assert [e["ev"] for e in cann.log() if e["ev"] in ("gws", "destroy_exec", "run")] == [
-        "gws",
-        "destroy_exec",
-    ]
-    assert cann.stats()["live_execs"] == 0 and cann.stats()["live_tensors"] == 0
+    assert [e["ev"] for e in cann.log() if e["ev"] in ("gws", "destroy_exec", "run")] == ["gws"]
+    assert cann.stats()["live_tensors"] == 0
+    assert cann.stats()["live_execs"] == before + 1  # unlaunched: CANN's to reclaim
 
 
 def test_descriptor_creation_failure(cann):

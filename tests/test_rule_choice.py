@@ -313,6 +313,6 @@ def test_auto_plan_on_ascend_follows_the_rule(monkeypatch, rule, gf, bf, ascend_
     attrs = {"rule": rule, "growth_factor": gf, "backoff_factor": bf}
     p = backends.plan(backends.UPDATE_SCALE, "auto", [x], attrs)
     assert ("ascend" in p.platforms) == ascend_native
-    assert p.guarded == frozenset({"ascend"})
+    assert p.cann_platforms == frozenset({"ascend"})
     strict = backends.plan(backends.UPDATE_SCALE, "ffi", [x], attrs)
     assert "ascend" in strict.platforms  # the handler itself refuses a torch state it cannot serve

@@ -34,24 +34,29 @@ AUTO_NATIVE: dict[str, dict[str, frozenset[str]]] = {
 }
 
 
-# Platforms whose update-scale handler is CANN's aclnnAmpUpdateScale.  Its
-# kernel computes rule "cann" without the library's guard, so there:
+# Platforms whose handlers are CANN operators (aclnnAmpUpdateScale,
+# aclnnForeachNonFiniteCheckAndUnscale).  The update-scale kernel computes
+# rule "cann" without the library's guard, so there:
 # - the result passes through the guard (lowering.refuse_infinite_growth);
 # - a rule "torch" state runs natively only when both factors are powers of
 #   two exact in float32 (then the kernel's bits are torch's: tests/
 #   test_rule_choice.py); "auto" plans the reference for any other.
+# The fused pass there takes the operator's calling convention
+# (lowering.gradient_pass: float32 found flag, per-dtype calls, float64 and
+# empty leaves outside it).
 ASCEND_PLATFORMS: frozenset[str] = frozenset({"ascend", "npu"})
 
 
 class Plan(NamedTuple):
     """How to run an operator: ``mode`` is ``"reference"``, ``"native"`` (the
     reference on platforms not in ``platforms``) or ``"strict"`` (an error
-    there).  ``guarded``: platforms whose native result needs the guard."""
+    there).  ``cann_platforms``: platforms where the native handler is a CANN
+    operator (its calling convention, and for update-scale the guard)."""
 
     mode: str
     platforms: frozenset[str]
     target: str = ""  # the FFI target name, unless mode is "reference"
-    guarded: frozenset[str] = frozenset()
+    cann_platforms: frozenset[str] = frozenset()
 
 
 def exact_on_cann(factor: float) -> bool:
@@ -105,9 +110,8 @@ def plan(op: str, backend: str, operands: list[Any], attrs: dict[str, Any] | Non
     if backend == "reference":
         return Plan("reference", frozenset())
     have = native.platforms(op)
-    guarded: frozenset[str] = frozenset()
+    cann = have & ASCEND_PLATFORMS
     if op == UPDATE_SCALE:
-        guarded = have & ASCEND_PLATFORMS
         a = attrs or {}
         if backend == "auto" and not cann_serves(
             a.get("rule", "torch"), a.get("growth_factor", 2.0), a.get("backoff_factor", 0.5)
@@ -121,13 +125,13 @@ def plan(op: str, backend: str, operands: list[Any], attrs: dict[str, Any] | Non
                 "(XLA cannot partition the custom call); use backend='auto' or "
                 "'reference', or call it inside shard_map"
             )
-        return Plan("strict", have, native.target(op), guarded)
+        return Plan("strict", have, native.target(op), cann)
     # "auto": never for an explicitly sharded operand (a custom call's result
     # carries no sharding).
     prefer = frozenset(p for p in have if _auto_prefers(op, p))
     if not prefer or sharded:
         return Plan("reference", frozenset())
-    return Plan("native", prefer, native.target(op), guarded)
+    return Plan("native", prefer, native.target(op), cann)
 
 
 def native_expected(

@@ -119,7 +119,7 @@ def update_scale_checked(
         target=plan.target,
         native_on=plan.platforms,
         fallback=reference if plan.mode == "native" else None,
-        guarded=plan.guarded,
+        guarded=plan.cann_platforms,
         **attrs,
     )
 

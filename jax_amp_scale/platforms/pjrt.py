@@ -60,7 +60,7 @@ def _capsule_pointer(capsule: Any, name: bytes | None) -> int:
     return int(get(capsule, name))
 
 
-def _default_handler(platform: str) -> Any:
+def _default_handler(platform: str, op: str = registry.UPDATE_SCALE) -> Any:
     if platform in ("cuda", "gpu"):
         try:
             mod = importlib.import_module("jax_amp_scale._native_cuda")
@@ -72,7 +72,7 @@ def _default_handler(platform: str) -> Any:
         return mod.registrations()[registry.module_targets(mod)[registry.UPDATE_SCALE]]
     from jax_amp_scale.platforms import ascend
 
-    return ascend.handler_capsule()
+    return ascend.handler_capsule(op)
 
 
 def _backend_factories(discover: bool = True) -> dict[str, Any]:
@@ -140,10 +140,20 @@ def register(
     handler was already registered here for the same target and platform.
     """
     platform = str(platform).lower()
-    update_target = registry.module_targets(importlib.import_module("jax_amp_scale._native_cpu"))[
-        registry.UPDATE_SCALE
-    ]
+    targets = registry.module_targets(importlib.import_module("jax_amp_scale._native_cpu"))
+    update_target = targets[registry.UPDATE_SCALE]
+    if handler is None and target is None and platform not in ("cuda", "gpu"):
+        # Ascend: the fused gradient pass too (aclnnForeachNonFiniteCheckAndUnscale).
+        register(
+            platform,
+            library_path,
+            registry_platform=registry_platform,
+            handler=_default_handler(platform, registry.UNSCALE_AND_CHECK),
+            target=targets[registry.UNSCALE_AND_CHECK],
+            _api=_api,
+        )
     target = update_target if target is None else str(target)
+    op = {v: k for k, v in targets.items()}.get(target)
     reg_platform = registry_platform or _REGISTRY_PLATFORM.get(platform, platform)
     capsule = handler if handler is not None else _default_handler(platform)
     handler_address = _capsule_pointer(capsule, None)
@@ -173,8 +183,8 @@ def register(
                     f"{reg_platform!r} already has another handler (0x{previous:x}) "
                     f"in this plugin; not replacing it with 0x{handler_address:x}"
                 )
-            if target == update_target:
-                registry.mark_registered(registry.UPDATE_SCALE, platform)
+            if op is not None:
+                registry.mark_registered(op, platform)
             return _routes[platform]
         if route == "jax.ffi":
             import jax
@@ -188,8 +198,8 @@ def register(
             route = "pjrt" if layout == "typed" else "pjrt-versioned"
         _done[key] = handler_address
         _routes[platform] = route
-    if target == update_target:
-        registry.mark_registered(registry.UPDATE_SCALE, platform)
+    if op is not None:
+        registry.mark_registered(op, platform)
     return route
 
 

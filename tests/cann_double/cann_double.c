@@ -35,9 +35,27 @@ struct cd_tensor {
   void* data;
 };
 
+#define CD_MAX_LIST 256 /* foreach_non_finite_check_and_unscale_tiling.h:30 */
+#define LIST_MAGIC 0x1157a11cu
+
+struct cd_tensor_list {
+  uint32_t magic;
+  int64_t id;
+  uint64_t size;
+  cd_tensor** tensors;
+};
+
+enum { EXEC_UPDATE_SCALE = 0, EXEC_FOREACH = 1 };
+
 struct cd_executor {
   uint32_t magic;
   int64_t id;
+  int kind;
+  /* foreach: the list's tensors at GetWorkspaceSize time */
+  uint64_t ntensors;
+  void* datas[CD_MAX_LIST];
+  int64_t counts[CD_MAX_LIST];
+  void* inv;
   int32_t dtype;
   void *scale, *tracker, *found, *scale_out, *tracker_out;
   double gf, bf;
@@ -63,6 +81,7 @@ static struct {
 } failure;
 /* stats */
 static int64_t live_tensors, created, destroyed, live_execs, gws_calls, run_calls, bad_calls;
+static int64_t live_lists, lists_created, lists_destroyed;
 static int64_t next_id = 1;
 static cd_alloc* allocs;
 static size_t nallocs, capallocs;
@@ -195,6 +214,31 @@ static void apply_rule(const cd_executor* e) {
   memcpy(e->tracker_out, &tracker, 4);
 }
 
+/* ---- aclnnForeachNonFiniteCheckAndUnscale, as CANN's published kernel ----
+ *
+ * hicann/ops-nn (commit e5c3fa932) foreach/foreach_non_finite_check_and_unscale/
+ * op_kernel/foreach_non_finite_check_and_unscale_n_d.h: float16/bfloat16
+ * grads are cast to float32 (:242, CAST_NONE: exact); the float32 values
+ * are checked (:187-209: ReduceMax/ReduceMin of the *scaled* input tested by
+ * IsNonFinite, :259-267, on the exponent bits) and foundInf is *set* to 1.0
+ * (:195, :205), never cleared; each value is multiplied by invScale in
+ * float32 (:211, Muls) and cast back with CAST_RINT (:252), in place. */
+static void apply_foreach(const cd_executor* e) {
+  float inv, one = 1.0f;
+  memcpy(&inv, e->inv, 4);
+  int found = 0;
+  for (uint64_t k = 0; k < e->ntensors; ++k) {
+    const size_t item = e->dtype == ACL_FLOAT ? 4 : 2;
+    char* base = e->datas[k];
+    for (int64_t i = 0; i < e->counts[k]; ++i) {
+      float v = load(e->dtype, base + (size_t)i * item);
+      if (!is_finite_f32(v)) found = 1;
+      store(e->dtype, base + (size_t)i * item, v * inv);
+    }
+  }
+  if (found) memcpy(e->found, &one, 4); /* set only */
+}
+
 /* ---- registry helpers ---- */
 static int tensor_ok(const cd_tensor* t) { return t && t->magic == TENSOR_MAGIC; }
 
@@ -305,6 +349,173 @@ static int32_t check_tensor(const cd_tensor* t, const char* name, int32_t want_d
     return ST_NULLPTR;
   }
   return 0;
+}
+
+EXPORT cd_tensor_list* cd_create_tensor_list(cd_tensor* const* value, uint64_t size) {
+  pthread_mutex_lock(&mu);
+  cd_tensor_list* l = NULL;
+  if (injected("aclCreateTensorList")) goto out;
+  if (size > 0 && !value) {
+    set_msg("aclCreateTensorList: value is nullptr");
+    goto out;
+  }
+  for (uint64_t i = 0; i < size; ++i) {
+    if (!tensor_ok(value[i])) {
+      set_msg("aclCreateTensorList: element %llu is not a live aclTensor", (unsigned long long)i);
+      ++bad_calls;
+      goto out;
+    }
+  }
+  l = calloc(1, sizeof *l);
+  if (!l) goto out;
+  l->tensors = calloc(size ? size : 1, sizeof *l->tensors);
+  if (!l->tensors) {
+    free(l);
+    l = NULL;
+    goto out;
+  }
+  l->magic = LIST_MAGIC;
+  l->id = next_id++;
+  l->size = size;
+  for (uint64_t i = 0; i < size; ++i) l->tensors[i] = value[i];
+  ++live_lists;
+  ++lists_created;
+  logf_("{\"ev\":\"create_list\",\"id\":%lld,\"size\":%llu,\"first\":%lld}", (long long)l->id,
+        (unsigned long long)size, (long long)(size ? value[0]->id : 0));
+out:
+  pthread_mutex_unlock(&mu);
+  return l;
+}
+
+/* Destroying a list destroys its tensors (CANN: aclDestroyTensorList). */
+EXPORT int32_t cd_destroy_tensor_list(const cd_tensor_list* lc) {
+  cd_tensor_list* l = (cd_tensor_list*)lc;
+  pthread_mutex_lock(&mu);
+  int32_t st = 0;
+  if (!l) {
+    st = ST_NULLPTR;
+    pthread_mutex_unlock(&mu);
+    return st;
+  }
+  if (l->magic != LIST_MAGIC) {
+    ++bad_calls;
+    pthread_mutex_unlock(&mu);
+    return ST_INVALID;
+  }
+  logf_("{\"ev\":\"destroy_list\",\"id\":%lld,\"size\":%llu}", (long long)l->id,
+        (unsigned long long)l->size);
+  l->magic = 0;
+  --live_lists;
+  ++lists_destroyed;
+  pthread_mutex_unlock(&mu);
+  for (uint64_t i = 0; i < l->size; ++i) {
+    if (cd_destroy_tensor(l->tensors[i]) != 0) st = ST_INVALID;
+  }
+  free(l->tensors);
+  free(l);
+  return st;
+}
+
+static int elements(const cd_tensor* t, int64_t* n) {
+  int64_t c = 1;
+  for (uint64_t i = 0; i < t->nstorage; ++i) c *= t->storage[i];
+  *n = c;
+  return 0;
+}
+
+EXPORT int32_t cd_foreach_get_workspace_size(const char* lib, const cd_tensor_list* l,
+                                             const cd_tensor* found, const cd_tensor* inv,
+                                             uint64_t* ws_size, cd_executor** executor) {
+  pthread_mutex_lock(&mu);
+  ++gws_calls;
+  int32_t st = 0;
+  cd_executor* e = NULL;
+  if (!ws_size || !executor || !l || !found || !inv) {
+    set_msg("scaledGrads, foundInf, invScale, workspaceSize or executor is nullptr");
+    st = ST_NULLPTR;
+    goto out;
+  }
+  *executor = NULL;
+  if (l->magic != LIST_MAGIC) {
+    set_msg("scaledGrads is not a live aclTensorList");
+    ++bad_calls;
+    st = ST_INVALID;
+    goto out;
+  }
+  if ((st = check_tensor(found, "foundInf", ACL_FLOAT)) ||
+      (st = check_tensor(inv, "invScale", ACL_FLOAT)))
+    goto out;
+  /* tiling.cpp:88-91: 1..256 tensors; :107-114 one dtype; :119-123 none empty */
+  if (l->size == 0 || l->size > CD_MAX_LIST) {
+    set_msg("scaledGrads has %llu tensors; must be in [1, %d]", (unsigned long long)l->size,
+            CD_MAX_LIST);
+    st = ST_TILING;
+    goto out;
+  }
+  const int32_t dt = l->tensors[0]->dtype;
+  for (uint64_t i = 0; i < l->size; ++i) {
+    const cd_tensor* t = l->tensors[i];
+    if (!tensor_ok(t)) {
+      set_msg("scaledGrads[%llu] is not live", (unsigned long long)i);
+      ++bad_calls;
+      st = ST_INVALID;
+      goto out;
+    }
+    if (t->dtype != ACL_FLOAT && t->dtype != ACL_FLOAT16 && t->dtype != ACL_BF16) {
+      set_msg("scaledGrads[%llu] dtype %d is not FLOAT, FLOAT16 or BFLOAT16",
+              (unsigned long long)i, t->dtype);
+      st = ST_INVALID;
+      goto out;
+    }
+    if (t->dtype != dt) {
+      set_msg("The dtypes of all tensors in tensor list scaled_grads must be the same");
+      st = ST_TILING;
+      goto out;
+    }
+    int64_t n;
+    elements(t, &n);
+    if (n == 0) {
+      set_msg("The shape size of scaled_grads must be greater than 0");
+      st = ST_TILING;
+      goto out;
+    }
+    if (t->ndims != 1 || t->dims[0] != n || t->strides[0] != 1 || t->offset != 0 ||
+        t->format != ACL_FORMAT_ND || !t->data) {
+      set_msg("scaledGrads[%llu] must be a contiguous ND tensor with data", (unsigned long long)i);
+      st = ST_INVALID;
+      goto out;
+    }
+  }
+  if ((st = injected("aclnnForeachNonFiniteCheckAndUnscaleGetWorkspaceSize"))) goto out;
+  e = calloc(1, sizeof *e);
+  if (!e) {
+    st = 561001;
+    goto out;
+  }
+  e->magic = EXEC_MAGIC;
+  e->id = next_id++;
+  e->kind = EXEC_FOREACH;
+  e->dtype = dt;
+  e->ntensors = l->size;
+  for (uint64_t i = 0; i < l->size; ++i) {
+    e->datas[i] = l->tensors[i]->data;
+    elements(l->tensors[i], &e->counts[i]);
+  }
+  e->found = found->data;
+  e->inv = inv->data;
+  e->ws_size = ws_knob;
+  *ws_size = ws_knob;
+  *executor = e;
+  ++live_execs;
+out:
+  logf_("{\"ev\":\"foreach_gws\",\"lib\":\"%s\",\"list\":%lld,\"n\":%llu,\"dtype\":%d,"
+        "\"status\":%d,\"exec\":%lld}",
+        lib, (long long)(l && l->magic == LIST_MAGIC ? l->id : 0),
+        (unsigned long long)(l && l->magic == LIST_MAGIC ? l->size : 0),
+        l && l->magic == LIST_MAGIC && l->size ? l->tensors[0]->dtype : -1, st,
+        (long long)(e ? e->id : 0));
+  pthread_mutex_unlock(&mu);
+  return st;
 }
 
 EXPORT int32_t cd_get_workspace_size(const char* lib, const cd_tensor* scale,
@@ -422,14 +633,19 @@ EXPORT int32_t cd_launch(const char* lib, void* ws, uint64_t ws_size, cd_executo
     memset(ws, 0xA5, ws_size); /* the kernel uses all of it */
   }
   /* The executor is consumed by the launch, failed or not, as in CANN. */
-  if (!(st = injected("aclnnAmpUpdateScale"))) {
+  if (!(st = injected(e->kind == EXEC_FOREACH ? "aclnnForeachNonFiniteCheckAndUnscale"
+                                               : "aclnnAmpUpdateScale"))) {
     /* The device kernel does not see the host's floating-point mode, but
      * this host code runs on XLA:CPU threads, which flush subnormals
      * (MXCSR FTZ/DAZ): compute in the default environment. */
     fenv_t saved;
     fegetenv(&saved);
     fesetenv(FE_DFL_ENV);
-    apply_rule(e);
+    if (e->kind == EXEC_FOREACH) {
+      apply_foreach(e);
+    } else {
+      apply_rule(e);
+    }
     fesetenv(&saved);
   }
   e->magic = 0;
@@ -548,11 +764,13 @@ EXPORT size_t cd_log(char* buf, size_t n) {
   return len;
 }
 /* live_tensors, created, destroyed, live_execs, gws_calls, run_calls,
- * live_allocs, total_allocs, total_frees, bad_calls */
+ * live_allocs, total_allocs, total_frees, bad_calls, live_lists,
+ * lists_created, lists_destroyed */
 EXPORT void cd_stats(int64_t* out) {
   pthread_mutex_lock(&mu);
-  int64_t v[10] = {live_tensors, created,         destroyed,    live_execs,  gws_calls,
-                   run_calls,    (int64_t)nallocs, total_allocs, total_frees, bad_calls};
+  int64_t v[13] = {live_tensors, created,      destroyed,   live_execs, gws_calls,
+                   run_calls,    (int64_t)nallocs, total_allocs, total_frees, bad_calls,
+                   live_lists,   lists_created, lists_destroyed};
   memcpy(out, v, sizeof v);
   pthread_mutex_unlock(&mu);
 }

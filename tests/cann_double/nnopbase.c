@@ -14,3 +14,7 @@ EXPORT void* aclCreateTensor(const int64_t* view_dims, uint64_t view_dims_num, i
 }
 EXPORT int32_t aclDestroyTensor(const void* t) { return cd_destroy_tensor(t); }
 EXPORT int32_t aclDestroyAclOpExecutor(void* e) { return cd_destroy_executor(e); }
+EXPORT void* aclCreateTensorList(void* const* value, uint64_t size) {
+  return cd_create_tensor_list((cd_tensor* const*)value, size);
+}
+EXPORT int32_t aclDestroyTensorList(const void* l) { return cd_destroy_tensor_list(l); }
