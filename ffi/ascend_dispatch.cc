@@ -61,6 +61,24 @@ class Descriptors {
   std::array<aclTensor*, 5> tensors_{};
 };
 
+// CANN's per-thread huge-memory bracket around one aclnn call, as torch_npu's
+// EXEC_NPU_CMD_V1 (Ascend/op-plugin op_plugin/utils/op_api_common.h:370-408):
+// Init before the descriptors, UnInit when the call is over (every path).
+class HugeMemScope {
+ public:
+  explicit HugeMemScope(const cann::CannApi& api) : api_(api) {
+    if (api_.init_huge_mem != nullptr) api_.init_huge_mem(nullptr, false);
+  }
+  ~HugeMemScope() {
+    if (api_.uninit_huge_mem != nullptr) api_.uninit_huge_mem(nullptr, false);
+  }
+  HugeMemScope(const HugeMemScope&) = delete;
+  HugeMemScope& operator=(const HugeMemScope&) = delete;
+
+ private:
+  const cann::CannApi& api_;
+};
+
 // The second phase: a workspace from the cache, then the launch, which
 // consumes the executor.  When no workspace can be had the executor is not
 // launched and not destroyed: aclDestroyAclOpExecutor is documented for
@@ -74,6 +92,8 @@ std::string Launch(const cann::CannApi& api, WorkspaceCache& cache, int64_t devi
   if (!err.empty()) return std::string(name) + ": " + err;
   const cann::aclnnStatus s = launch(ws, ws_size, executor, stream);
   if (s != cann::kAclnnSuccess) return AclnnError(api, name, s);
+  // op_api_common.h:396-399: ReleaseHugeMem after a successful launch.
+  if (api.release_huge_mem != nullptr) api.release_huge_mem(nullptr, false);
   return std::string();
 }
 
@@ -90,6 +110,7 @@ std::string DispatchOne(const cann::CannApi& api, WorkspaceCache& cache,
 
   static const char* const kNames[5] = {"currentScale", "growthTracker", "foundInf",
                                         "updatedScale", "updatedGrowthTracker"};
+  HugeMemScope huge_mem(api);  // outlives the descriptors
   Descriptors d(api);
   aclTensor* t[5] = {d.Make(0, st, scale), d.Make(1, cann::ACL_INT32, tracker),
                      d.Make(2, st, found), d.Make(3, st, scale_out),
@@ -118,6 +139,7 @@ std::string DispatchOne(const cann::CannApi& api, WorkspaceCache& cache,
 std::string LaunchForeach(const cann::CannApi& api, WorkspaceCache& cache, int64_t device,
                           cann::aclrtStream stream, const UnscaleLeaf* leaves, size_t n,
                           void* found, void* inv_scale) {
+  HugeMemScope huge_mem(api);  // outlives the descriptors and the list
   std::vector<aclTensor*> tensors(n, nullptr);
   auto destroy_tensors = [&]() {
     for (aclTensor* t : tensors) {

@@ -248,6 +248,10 @@ bool Load(LoadedCann* out, std::string* error) {
                       &out->ascendcl_path, error)) {
     return false;
   }
+  // Optional, through the operator's dependencies as torch_npu finds them.
+  *Slot(&api.init_huge_mem) = dlsym(op, "InitHugeMemThreadLocal");
+  *Slot(&api.uninit_huge_mem) = dlsym(op, "UnInitHugeMemThreadLocal");
+  *Slot(&api.release_huge_mem) = dlsym(op, "ReleaseHugeMem");
   out->foreach_error = LoadFusedPass(out, override_path);
   return true;
 }

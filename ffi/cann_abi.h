@@ -93,9 +93,22 @@ using aclrtMallocFn = aclError (*)(void** dev_ptr, size_t size,
 using aclrtFreeFn = aclError (*)(void* dev_ptr);
 using aclGetRecentErrMsgFn = const char* (*)();
 
-// The loaded function table.  Everything but the fused-pass entries (foreach_*, tensor lists: empty when the installation
+// Optional: CANN's per-thread "huge memory" bracket, which torch_npu's
+// EXEC_NPU_CMD calls around every aclnn call (Ascend/op-plugin
+// op_plugin/utils/op_api_common.h:136-140 types, :343-409 use): Init before
+// the descriptors and GetWorkspaceSize, Release after a successful launch,
+// UnInit at the end, each with (nullptr, false).
+using InitHugeMemThreadLocalFn = int (*)(void*, bool);
+using UnInitHugeMemThreadLocalFn = void (*)(void*, bool);
+using ReleaseHugeMemFn = void (*)(void*, bool);
+
+// The loaded function table.  Everything but the huge-memory bracket and the
+// fused-pass entries (foreach_*, tensor lists: empty when the installation
 // lacks the operator, see foreach_error) is required.
 struct CannApi {
+  InitHugeMemThreadLocalFn init_huge_mem = nullptr;      // optional
+  UnInitHugeMemThreadLocalFn uninit_huge_mem = nullptr;  // optional
+  ReleaseHugeMemFn release_huge_mem = nullptr;           // optional
   aclCreateTensorListFn create_tensor_list = nullptr;
   aclDestroyTensorListFn destroy_tensor_list = nullptr;
   ForeachGetWorkspaceSizeFn foreach_get_workspace_size = nullptr;

@@ -7,12 +7,18 @@ test double (``tests/cann_double``) it proves the dispatch without an NPU.
 The module has its own CANN loader state and workspace cache: `testing()`'s
 ``forget_cann``, ``workspaces``, ``retired_workspaces`` and
 ``release_workspaces`` act on the state its binding uses.
+
+`ascend_on_cpu` runs the package's whole Ascend path on CPU (the public
+functions, the dispatch decisions, the guard, the fused pass's calling
+convention, every CANN call) against the double.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -109,3 +115,44 @@ def update_scale(
     if guard:
         new_scale = refuse_infinite_growth(scale, found, new_scale)
     return new_scale, new_tracker
+
+
+@contextlib.contextmanager
+def ascend_on_cpu() -> Iterator[None]:
+    """Within it, CPU plays Ascend: the package's own dispatch, run whole.
+
+    ``update_scale(..., backend="auto")``, ``unscale_and_check`` and
+    ``loss_scaled`` then take exactly the path they take on an Ascend
+    platform: `dispatch.backends` treats "cpu" as a CANN platform (the rule
+    choice: a torch state with factors that are not powers of two plans the
+    reference; the guard after aclnnAmpUpdateScale; the fused pass's CANN
+    calling convention) and prefers the native handlers, whose targets are
+    the test bindings of ``ffi/ascend.cc`` (CANN loaded by the production
+    loader: point it at the CANN test double first, ``control.use``).
+    Functions traced inside keep that path; trace afresh after leaving.
+    """
+    from jax_amp_scale.dispatch import backends
+    from jax_amp_scale.platforms import native, registry
+
+    register_test_binding()
+    mod = testing()
+    native.platforms(registry.UPDATE_SCALE)  # the built-in names, loaded first
+    saved = {op: registry.target(op) for op in registry.OPERATORS}
+    saved_cann, saved_auto = backends.ASCEND_PLATFORMS, backends.AUTO_NATIVE
+    registry.set_target_names(
+        {
+            registry.UPDATE_SCALE: str(mod.TEST_TARGET),
+            registry.UNSCALE_AND_CHECK: str(mod.UNSCALE_TEST_TARGET),
+        }
+    )
+    backends.ASCEND_PLATFORMS = frozenset({"cpu"})
+    backends.AUTO_NATIVE = {
+        op: {"always": frozenset({"cpu"}), "one_device": frozenset()} for op in saved_auto
+    }
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        registry.set_target_names(saved)
+        backends.ASCEND_PLATFORMS, backends.AUTO_NATIVE = saved_cann, saved_auto
+        jax.clear_caches()

@@ -108,8 +108,22 @@ def test_two_phase_order(cann):
     for found in (False, True, False):
         s, t = step(s, t, found)
     evs = [e["ev"] for e in cann.log()]
-    one = ["create"] * 5 + ["gws", "run"] + ["destroy"] * 5
+    # Bracketed as torch_npu's EXEC_NPU_CMD_V1 brackets aclnn calls
+    # (Ascend/op-plugin op_plugin/utils/op_api_common.h:370-408).
+    one = ["huge_init"] + ["create"] * 5 + ["gws", "run", "huge_release"]
+    one += ["destroy"] * 5 + ["huge_uninit"]
     assert evs == one * 3
+    assert cann.stats()["bad_calls"] == 0
+
+
+def test_huge_memory_bracket_is_closed_on_failure(cann):
+    cann.fail("aclnnAmpUpdateScaleGetWorkspaceSize", 161002, "bad")
+    s, t = state(jnp.float32)
+    with pytest.raises(Exception, match="161002"):
+        jax.block_until_ready(step(s, t, False))
+    evs = [e["ev"] for e in cann.log() if e["ev"].startswith("huge")]
+    assert evs == ["huge_init", "huge_uninit"]  # no release: nothing was launched
+    assert cann.stats()["bad_calls"] == 0
 
 
 @pytest.mark.parametrize(

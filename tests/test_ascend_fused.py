@@ -122,7 +122,7 @@ def test_more_than_256_leaves_is_two_launches_and_found_ors_across_them(cann):
     assert evs == ["create_list", "foreach_gws", "run", "destroy_list"] * 2
 
 
-def test_kernel_checks_the_input_not_the_unscaled_value(cann):
+def test_kernel_checks_the_input_the_library_the_unscaled_value(cann):
     # n_d.h:187-209 reduce the scaled input; a finite input that overflows
     # when unscaled (inv > 1, a scale below 1) is not flagged by the kernel.
     leaves = [jnp.asarray([3e38, 1.0], jnp.float32)]
@@ -130,6 +130,11 @@ def test_kernel_checks_the_input_not_the_unscaled_value(cann):
     target = str(ascend_harness.testing().UNSCALE_TEST_TARGET)
     found, outs = jax.jit(lambda i, xs: cann_one_call(target, i, xs))(jnp.float32(4.0), leaves)
     assert np.isinf(float(outs[0][0])) and not bool(found)
+    # The lowering then checks the outputs (only when |inv| > 1): the
+    # library's flag, as the reference and the CPU pass report it.
+    for inv in (4.0, np.nan, 0.5):
+        x = [jnp.asarray([3e38, 1.0], jnp.float32)]
+        _same(_fused(jnp.float32(inv), x), jax.jit(reference_pass)(jnp.float32(inv), x))
 
 
 @pytest.mark.parametrize(

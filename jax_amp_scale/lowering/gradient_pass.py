@@ -28,6 +28,7 @@ from jax_amp_scale.lowering.custom_call import (
     with_reference_rules,
 )
 from jax_amp_scale.platforms import registry
+from jax_amp_scale.reference.gradient_pass import leaf_finite
 from jax_amp_scale.state.validation import nonzero_bits
 
 Pass = Callable[[jax.Array, list[jax.Array]], tuple[jax.Array, list[jax.Array]]]
@@ -117,6 +118,22 @@ def cann_fused_pass(target: str, reference: Pass) -> Pass:
                 flags.append(found)
                 for k, y in zip(part, done, strict=True):
                     outs[k] = y
+        # The kernel checks the scaled *input* (n_d.h:187-209); the library's
+        # flag is about the unscaled value.  They differ only when a finite
+        # input overflows once unscaled, which needs |inv| > 1 (a scale
+        # below 1) or a NaN inv: only then, rarely, the outputs are checked.
+        inv_bits = jax.lax.bitcast_convert_type(inv.astype(jnp.float32), jnp.uint32)
+        may_overflow = (inv_bits & jnp.uint32(0x7FFFFFFF)) > jnp.uint32(0x3F800000)
+        natives = [y for k, y in enumerate(outs) if k not in outside]
+        if natives:
+            flags.append(
+                jax.lax.cond(
+                    may_overflow.reshape(()),
+                    lambda ys: jnp.logical_not(jnp.all(jnp.stack([leaf_finite(y) for y in ys]))),
+                    lambda ys: jnp.array(False),
+                    natives,
+                )
+            )
         found = flags[0]
         for f in flags[1:]:
             found = jnp.logical_or(found, f)

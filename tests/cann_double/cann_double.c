@@ -675,6 +675,26 @@ EXPORT int32_t cd_destroy_executor(cd_executor* e) {
   return st;
 }
 
+/* The huge-memory bracket: logged; a bracket opened twice on a thread, or a
+ * release/uninit without an open one, is a bad call. */
+static __thread int huge_open;
+EXPORT int cd_huge_mem(int what, void* arg, int sync) {
+  static const char* const names[3] = {"huge_init", "huge_uninit", "huge_release"};
+  pthread_mutex_lock(&mu);
+  if (what < 0 || what > 2 || arg != NULL || sync) {
+    ++bad_calls;
+  } else if (what == 0) {
+    if (huge_open) ++bad_calls;
+    huge_open = 1;
+  } else {
+    if (!huge_open) ++bad_calls;
+    if (what == 1) huge_open = 0;
+  }
+  if (what >= 0 && what <= 2) logf_("{\"ev\":\"%s\"}", names[what]);
+  pthread_mutex_unlock(&mu);
+  return 0;
+}
+
 EXPORT int cd_malloc(void** ptr, size_t size, int32_t policy) {
   pthread_mutex_lock(&mu);
   int st = injected("aclrtMalloc");

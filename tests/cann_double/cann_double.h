@@ -26,6 +26,7 @@ int32_t cd_destroy_tensor_list(const cd_tensor_list* l);
 int32_t cd_foreach_get_workspace_size(const char* lib, const cd_tensor_list* l,
                                       const cd_tensor* found, const cd_tensor* inv,
                                       uint64_t* ws_size, cd_executor** executor);
+int cd_huge_mem(int what, void* arg, int sync); /* 0 init, 1 uninit, 2 release */
 int cd_malloc(void** ptr, size_t size, int32_t policy);
 int cd_free(void* ptr);
 const char* cd_recent_err_msg(void);
