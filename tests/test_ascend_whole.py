@@ -152,3 +152,27 @@ def test_loss_scaled_steps_on_ascend(cann):
     log = cann.log()
     assert len(_ops(log, "gws")) == 6 and len(_ops(log, "foreach_gws")) == 12
     assert cann.stats()["live_tensors"] == 0 and cann.stats()["live_lists"] == 0
+
+
+SUBNORMALS = [
+    (jnp.float32, float(np.finfo(np.float32).smallest_subnormal)),
+    (jnp.float16, float(np.finfo(np.float16).smallest_subnormal)),
+    (jnp.bfloat16, 2.0**-133),
+]
+
+
+@pytest.mark.parametrize(("dtype", "tiny"), SUBNORMALS)
+def test_subnormal_found_inf_backs_off_on_ascend(cann, dtype, tiny):
+    # found_inf reaches the operator as 1/0 in the scale's dtype, decided from
+    # its bits (state/validation.found_to_bool): a subnormal is an overflow
+    # eagerly, under jit and under vmap, though XLA:CPU flushes subnormals.
+    s = jas.init_scale_state(1024.0, shape=(1,), rule="cann")
+    found = jnp.asarray(tiny, dtype)
+    assert float(found) != 0.0
+    with ascend_harness.ascend_on_cpu():
+        eager = jas.update_scale(s, found)
+        jitted = jax.jit(lambda s, f: jas.update_scale(s, f))(s, found)
+        mapped = jax.vmap(lambda f: jas.update_scale(s, f).scale)(jnp.stack([found, found * 0]))
+    assert float(eager.scale[0]) == float(jitted.scale[0]) == 512.0
+    np.testing.assert_array_equal(np.asarray(mapped).ravel(), [512.0, 1024.0])
+    assert all(e["status"] == 0 for e in _ops(cann.log(), "gws"))

@@ -316,3 +316,16 @@ def test_auto_plan_on_ascend_follows_the_rule(monkeypatch, rule, gf, bf, ascend_
     assert p.cann_platforms == frozenset({"ascend"})
     strict = backends.plan(backends.UPDATE_SCALE, "ffi", [x], attrs)
     assert "ascend" in strict.platforms  # the handler itself refuses a torch state it cannot serve
+
+
+@pytest.mark.parametrize("backend", ["reference", "ffi", "auto"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])
+def test_subnormal_found_inf_counts_under_the_cann_rule(backend, dtype):
+    # Read by its bits in every path (found_to_bool; the handler sees 1/0).
+    tiny = jnp.asarray(float(jnp.finfo(dtype).smallest_subnormal), dtype)
+    s = jas.init_scale_state(1024.0, dtype=dtype, rule="cann")
+    eager = jas.update_scale(s, tiny, backend).scale
+    jitted = jax.jit(lambda s, f: jas.update_scale(s, f, backend).scale)(s, tiny)
+    mapped = jax.vmap(lambda f: jas.update_scale(s, f, backend).scale)(jnp.stack([tiny, -tiny * 0]))
+    assert float(eager) == float(jitted) == 512.0
+    np.testing.assert_array_equal(np.asarray(mapped, np.float32), [512.0, 1024.0])
