@@ -48,33 +48,18 @@ ffi::Error UnscaleAndCheckOnAscend(cann::aclrtStream stream, int64_t device,
         "the call must have as many unscaled results as gradient leaves");
   }
   std::vector<UnscaleLeaf> work;
+  auto operator_dtype = [](ffi::DataType dt) { return !ToScaleDtype(dt).has_error(); };
   for (size_t k = 0; k < leaves.size(); ++k) {
-    auto in = leaves.get<ffi::AnyBuffer>(k);
-    auto out = outs.get<ffi::AnyBuffer>(k);
-    const std::string leaf = "leaf " + std::to_string(k);
-    if (!in.has_value() || !out.has_value()) {
-      return ffi::Error::InvalidArgument(leaf + " is not an array buffer");
-    }
-    ffi::ErrorOr<ScaleDtype> dt = ToScaleDtype(in->element_type());
-    if (dt.has_error()) {
-      return ffi::Error::InvalidArgument(leaf + " must be float32, float16 or bfloat16, got " +
-                                         DtypeName(in->element_type()));
-    }
-    if ((*out)->element_type() != in->element_type() ||
-        (*out)->element_count() != in->element_count()) {
-      return ffi::Error::InvalidArgument("unscaled " + leaf +
-                                         " must have the dtype and element count of its leaf");
-    }
-    if ((*out)->untyped_data() != in->untyped_data()) {
+    ffi::ErrorOr<CheckedLeaf> leaf =
+        CheckLeaf(leaves, outs, k, operator_dtype, "float32, float16 or bfloat16");
+    if (leaf.has_error()) return leaf.error();
+    if (leaf->out.untyped_data() != leaf->in.untyped_data()) {
       return ffi::Error::InvalidArgument(
-          "aclnnForeachNonFiniteCheckAndUnscale works in place: unscaled " + leaf +
-          " must alias its leaf");
+          "aclnnForeachNonFiniteCheckAndUnscale works in place: unscaled leaf " +
+          std::to_string(k) + " must alias its leaf");
     }
-    const int64_t n = static_cast<int64_t>(in->element_count());
-    if (n > 0 && in->untyped_data() == nullptr) {
-      return ffi::Error::InvalidArgument(leaf + " has elements but a null data pointer");
-    }
-    work.push_back(UnscaleLeaf{*dt, in->untyped_data(), n});
+    work.push_back(UnscaleLeaf{*ToScaleDtype(leaf->in.element_type()), leaf->in.untyped_data(),
+                               static_cast<int64_t>(leaf->in.element_count())});
   }
   std::string err;
   const LoadedCann* cann = GetCann(&err);

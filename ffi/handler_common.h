@@ -119,6 +119,38 @@ inline ffi::ErrorOr<UpdateScaleCall> CheckUpdateScale(
                          *rule};
 }
 
+// The k-th gradient leaf of a fused-pass call and its unscaled result,
+// checked: both array buffers, the leaf's dtype one `allowed` accepts
+// (`allowed_names` spells them for the message), the result of the leaf's
+// dtype and element count, data where there are elements.
+struct CheckedLeaf {
+  ffi::AnyBuffer in;
+  ffi::AnyBuffer out;
+};
+
+template <typename Allowed>
+ffi::ErrorOr<CheckedLeaf> CheckLeaf(const ffi::RemainingArgs& leaves,
+                                    const ffi::RemainingRets& outs, size_t k,
+                                    Allowed allowed, const char* allowed_names) {
+  auto in = leaves.get<ffi::AnyBuffer>(k);
+  auto out = outs.get<ffi::AnyBuffer>(k);
+  const std::string leaf = "leaf " + std::to_string(k);
+  if (!in.has_value() || !out.has_value()) return InvalidArgument(leaf + " is not an array buffer");
+  const ffi::DataType dt = in->element_type();
+  if (!allowed(dt)) {
+    return InvalidArgument(leaf + " must be " + allowed_names + ", got " + DtypeName(dt));
+  }
+  if ((*out)->element_type() != dt || (*out)->element_count() != in->element_count()) {
+    return InvalidArgument("unscaled " + leaf +
+                           " must have the dtype and element count of its gradient leaf");
+  }
+  if (in->element_count() > 0 &&
+      (in->untyped_data() == nullptr || (*out)->untyped_data() == nullptr)) {
+    return InvalidArgument(leaf + " has elements but a null data pointer");
+  }
+  return CheckedLeaf{*in, **out};
+}
+
 namespace internal {
 // XLA's Binding can be neither copied nor moved by others: every step below
 // returns the prvalue of a Binding method, which C++17 never copies.

@@ -35,19 +35,6 @@ ACL = {jnp.dtype(jnp.float32): 0, jnp.dtype(jnp.float16): 1, jnp.dtype(jnp.bfloa
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def double(tmp_path_factory):
-    return control.shared(tmp_path_factory)
-
-
-@pytest.fixture
-def cann(double, monkeypatch):
-    control.use(monkeypatch, double, "full")
-    yield double
-    ascend_harness.testing().release_workspaces()
-    double.reset()
-
-
 def step(scale, tracker, found, gf=2.0, bf=0.5, gi=2000, rule="cann"):
     f = jax.jit(
         lambda s, t, x: ascend_harness.update_scale(

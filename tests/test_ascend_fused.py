@@ -25,20 +25,6 @@ import pytest
 from jax_amp_scale.lowering.gradient_pass import cann_one_call
 from jax_amp_scale.reference.gradient_pass import reference_pass
 from tests import ascend_harness
-from tests.cann_double import control
-
-
-@pytest.fixture(scope="module")
-def double(tmp_path_factory):
-    return control.shared(tmp_path_factory)
-
-
-@pytest.fixture
-def cann(double, monkeypatch):
-    control.use(monkeypatch, double, "full")
-    yield double
-    ascend_harness.testing().release_workspaces()
-    double.reset()
 
 
 def _bits(x):

@@ -21,11 +21,6 @@ from tests import ascend_harness
 from tests.cann_double import control
 
 
-@pytest.fixture(scope="module")
-def double(tmp_path_factory):
-    return control.shared(tmp_path_factory)
-
-
 @pytest.fixture(autouse=True)
 def _forget():
     yield

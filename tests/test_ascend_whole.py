@@ -20,20 +20,6 @@ import pytest
 import jax_amp_scale as jas
 from jax_amp_scale.optax import loss_scaled
 from tests import ascend_harness
-from tests.cann_double import control
-
-
-@pytest.fixture(scope="module")
-def double(tmp_path_factory):
-    return control.shared(tmp_path_factory)
-
-
-@pytest.fixture
-def cann(double, monkeypatch):
-    control.use(monkeypatch, double, "full")
-    yield double
-    ascend_harness.testing().release_workspaces()
-    double.reset()
 
 
 def _bits(x):

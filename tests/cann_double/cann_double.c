@@ -351,6 +351,22 @@ static int32_t check_tensor(const cd_tensor* t, const char* name, int32_t want_d
   return 0;
 }
 
+/* A live executor of `kind` (the caller holds mu), or NULL with *st set. */
+static cd_executor* new_executor(int kind, int32_t dtype, int32_t* st) {
+  cd_executor* e = calloc(1, sizeof *e);
+  if (!e) {
+    *st = 561001;
+    return NULL;
+  }
+  e->magic = EXEC_MAGIC;
+  e->id = next_id++;
+  e->kind = kind;
+  e->dtype = dtype;
+  e->ws_size = ws_knob;
+  ++live_execs;
+  return e;
+}
+
 EXPORT cd_tensor_list* cd_create_tensor_list(cd_tensor* const* value, uint64_t size) {
   pthread_mutex_lock(&mu);
   cd_tensor_list* l = NULL;
@@ -487,15 +503,7 @@ EXPORT int32_t cd_foreach_get_workspace_size(const char* lib, const cd_tensor_li
     }
   }
   if ((st = injected("aclnnForeachNonFiniteCheckAndUnscaleGetWorkspaceSize"))) goto out;
-  e = calloc(1, sizeof *e);
-  if (!e) {
-    st = 561001;
-    goto out;
-  }
-  e->magic = EXEC_MAGIC;
-  e->id = next_id++;
-  e->kind = EXEC_FOREACH;
-  e->dtype = dt;
+  if (!(e = new_executor(EXEC_FOREACH, dt, &st))) goto out;
   e->ntensors = l->size;
   for (uint64_t i = 0; i < l->size; ++i) {
     e->datas[i] = l->tensors[i]->data;
@@ -503,10 +511,8 @@ EXPORT int32_t cd_foreach_get_workspace_size(const char* lib, const cd_tensor_li
   }
   e->found = found->data;
   e->inv = inv->data;
-  e->ws_size = ws_knob;
-  *ws_size = ws_knob;
+  *ws_size = e->ws_size;
   *executor = e;
-  ++live_execs;
 out:
   logf_("{\"ev\":\"foreach_gws\",\"lib\":\"%s\",\"list\":%lld,\"n\":%llu,\"dtype\":%d,"
         "\"status\":%d,\"exec\":%lld}",
@@ -556,14 +562,7 @@ EXPORT int32_t cd_get_workspace_size(const char* lib, const cd_tensor* scale,
     goto out;
   }
   if ((st = injected("aclnnAmpUpdateScaleGetWorkspaceSize"))) goto out;
-  e = calloc(1, sizeof *e);
-  if (!e) {
-    st = 561001;
-    goto out;
-  }
-  e->magic = EXEC_MAGIC;
-  e->id = next_id++;
-  e->dtype = dt;
+  if (!(e = new_executor(EXEC_UPDATE_SCALE, dt, &st))) goto out;
   e->scale = scale->data;
   e->tracker = tracker->data;
   e->found = found->data;
@@ -572,10 +571,8 @@ EXPORT int32_t cd_get_workspace_size(const char* lib, const cd_tensor* scale,
   e->gf = gf;
   e->bf = bf;
   e->gi = gi;
-  e->ws_size = ws_knob;
-  *ws_size = ws_knob;
+  *ws_size = e->ws_size;
   *executor = e;
-  ++live_execs;
 out:
   logf_("{\"ev\":\"gws\",\"lib\":\"%s\",\"args\":[%lld,%lld,%lld,%lld,%lld],\"gf\":%.17g,"
         "\"bf\":%.17g,\"gi\":%lld,\"status\":%d,\"ws\":%llu,\"exec\":%lld}",
