@@ -462,3 +462,41 @@ def test_workspace_is_cached_per_device(double, monkeypatch):
     got = json.loads(out.stdout.strip().splitlines()[-1])
     # One buffer per device (null stream on CPU), reused across the steps.
     assert got == [[0, 0, 1 << 20], [1, 0, 1 << 20]]
+
+
+@pytest.mark.parametrize(("gf", "bf"), [(2.0, 0.5), (4.0, 0.25)])
+def test_power_of_two_factors_match_torch_through_the_operator(cann, gf, bf):
+    # Where the two published kernels agree (power-of-two factors), the
+    # double's aclnnAmpUpdateScale with the library's guard gives
+    # torch._amp_update_scale_'s bits (float32, torch's only scale dtype).
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(21)
+    bits = rng.integers(0, 2**32, 400, dtype=np.uint64).astype(np.uint32)
+    bits[:4] = [0x7F7FFFFF, 0x00000001, 0x7F800000, 0x3F800000]
+    values = bits.view(np.float32)
+    for found in (0.0, 1.0):
+
+        def ours(s, found=found):
+            return ascend_harness.update_scale(
+                s,
+                jnp.zeros((1,), jnp.int32),
+                found,
+                growth_factor=gf,
+                backoff_factor=bf,
+                growth_interval=1,
+                rule="torch",
+                guard=True,
+            )[0]
+
+        got = np.asarray(jax.jit(jax.vmap(ours))(jnp.asarray(values)[:, None])).ravel()
+        want = []
+        for v in values:
+            s = torch.tensor([v])
+            torch._amp_update_scale_(
+                s, torch.zeros(1, dtype=torch.int32), torch.tensor([found]), gf, bf, 1
+            )
+            want.append(s.item())
+        want = np.asarray(want, np.float32)
+        nan = np.isnan(want)
+        np.testing.assert_array_equal(np.isnan(got), nan)
+        np.testing.assert_array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])

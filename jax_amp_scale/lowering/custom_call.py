@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover
 
 _HINTS = {
     registry.UPDATE_SCALE: "register one with jax_amp_scale.plugin.register(platform=...)",
-    registry.UNSCALE_AND_CHECK: "the fused pass has a native handler on CPU only",
+    registry.UNSCALE_AND_CHECK: "the fused pass has native handlers on CPU and Ascend",
 }
 _WHAT = {registry.UPDATE_SCALE: "", registry.UNSCALE_AND_CHECK: "fused unscale-and-check "}
 

@@ -1,4 +1,4 @@
-"""Register the update-scale handler on a PJRT plugin platform (Ascend, CUDA).
+"""Register the native handlers on a PJRT plugin platform (Ascend, CUDA).
 
 JAX runs accelerators other than CPU/GPU/TPU through PJRT plugins.  A
 plugin's Python side may forward ``jax.ffi.register_ffi_target(...,

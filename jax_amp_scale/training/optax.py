@@ -163,7 +163,7 @@ def loss_scaled(
         all replicas skip together and keep equal scales.
       backend: the core `update_scale` backend (``"auto"``, ``"reference"``,
         ``"ffi"``).  `unscale_and_check` runs with ``"auto"`` (the native
-        fused pass on a one-device CPU process), or ``"reference"`` when
+        fused pass on a one-device CPU process and on Ascend), or ``"reference"`` when
         `backend` is ``"reference"``.
 
     ``update(grads, state, params=None, **extra_args)`` expects the gradients
@@ -186,7 +186,8 @@ def loss_scaled(
         drop = check_bool(drop_overflow_update, "drop_overflow_update")
     backend = check_backend(backend)  # type: ignore[assignment]
     # "ffi" asks for the native update-scale operator (Ascend's, say); the
-    # fused gradient pass exists on CPU only, so it stays "auto" there.
+    # fused gradient pass stays "auto" (native on CPU and Ascend, the
+    # reference elsewhere) so that "ffi" never fails for it.
     unscale_backend: Backend = "reference" if backend == "reference" else "auto"
     inner = optax.with_extra_args_support(inner)
 
