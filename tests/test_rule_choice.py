@@ -329,3 +329,20 @@ def test_subnormal_found_inf_counts_under_the_cann_rule(backend, dtype):
     mapped = jax.vmap(lambda f: jas.update_scale(s, f, backend).scale)(jnp.stack([tiny, -tiny * 0]))
     assert float(eager) == float(jitted) == 512.0
     np.testing.assert_array_equal(np.asarray(mapped, np.float32), [512.0, 1024.0])
+
+
+def test_dynamic_scale_takes_the_rule():
+    kind = jas.dynamic_scale(init_scale=3.0, growth_factor=1.1, growth_interval=1, rule="cann")
+    assert kind.state.rule == "cann"
+    grown = jax.jit(lambda k: k.adjust(jnp.array(False)))(kind)
+    want = jas.amp_update_scale(
+        jnp.float32(3.0),
+        jnp.int32(0),
+        False,
+        growth_factor=1.1,
+        backoff_factor=0.5,
+        growth_interval=1,
+        backend="reference",
+        rule="cann",
+    )[0]
+    assert _bits(grown.state.scale) == _bits(want)
