@@ -239,6 +239,11 @@ out["jax_loaded_same_api"] = (
 out["loaded_route"] = plugin.register(
     platform="cuda", registry_platform="ascend_via_cuda_test",
     handler=_native_cpu.registrations()["jas_update_scale"])
+# The same library by path, for the platform JAX loaded it for: accepted
+# (its GetPjrtApi() is the API JAX holds).
+out["by_path_route"] = plugin.register(
+    platform="cuda", library_path=path, registry_platform="cuda_by_path_test",
+    handler=_native_cpu.registrations()["jas_update_scale"])
 out["routes"] = plugin.registrations()
 print(json.dumps(out))
 """
@@ -254,7 +259,7 @@ def test_real_cuda_pjrt_plugin_registration():
     assert "conflicting registration" in out["conflict"]
     assert "'jas_update_scale'" in out["conflict"] and "'ascend'" in out["conflict"]
     assert out["jax_loaded_same_api"] is True
-    assert out["loaded_route"] == "pjrt"
+    assert out["loaded_route"] == "pjrt" and out["by_path_route"] == "pjrt"
     assert out["routes"] == {"ascend": "pjrt", "cuda": "pjrt"}
 
 
