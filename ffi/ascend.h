@@ -8,6 +8,7 @@
 #define JAX_AMP_SCALE_FFI_ASCEND_H_
 
 #include <cstdint>
+#include <utility>
 
 #include "cann_abi.h"
 #include "handler_common.h"
@@ -21,6 +22,31 @@ namespace jas {
 // when an ACL/aclnn call fails.
 ffi::Error UpdateScaleOnAscend(cann::aclrtStream stream, int64_t device,
                                const UpdateScaleCall& call);
+
+// The fused gradient pass on Ascend (aclnnForeachNonFiniteCheckAndUnscale):
+// checks the buffers, then dispatches (ascend_dispatch.h).  Operands:
+// inv_scale (float32 [1]), found_init (float32 [1], 0: the kernel only sets
+// it), the leaves (float32/float16/bfloat16; the lowering keeps float64 and
+// empty leaves out); results: found (float32 [1], aliases found_init), then
+// one unscaled leaf per leaf (aliases it: in place).
+ffi::Error UnscaleAndCheckOnAscend(cann::aclrtStream stream, int64_t device,
+                                   ffi::AnyBuffer inv_scale, ffi::AnyBuffer found_init,
+                                   ffi::RemainingArgs leaves, ffi::Result<ffi::AnyBuffer> found,
+                                   ffi::RemainingRets outs);
+
+// The binding of UnscaleAndCheckOnAscend after the platform's contexts.
+template <typename... Ctx>
+auto UnscaleAndCheckAscendBinding() {
+  auto operands = [](auto&& b) {
+    return std::move(b)
+        .template Arg<ffi::AnyBuffer>()  // inv_scale
+        .template Arg<ffi::AnyBuffer>()  // found_init
+        .RemainingArgs()                 // gradient leaves
+        .template Ret<ffi::AnyBuffer>()  // found (aliases found_init)
+        .RemainingRets();                // unscaled leaves (alias the leaves)
+  };
+  return operands(internal::WithContexts<Ctx...>(ffi::Ffi::Bind()));
+}
 
 }  // namespace jas
 

@@ -1,8 +1,10 @@
 #include "ascend_dispatch.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace jas {
 namespace {
@@ -59,6 +61,42 @@ class Descriptors {
   std::array<aclTensor*, 5> tensors_{};
 };
 
+// CANN's per-thread huge-memory bracket around one aclnn call, as torch_npu's
+// EXEC_NPU_CMD_V1 (Ascend/op-plugin op_plugin/utils/op_api_common.h:370-408):
+// Init before the descriptors, UnInit when the call is over (every path).
+class HugeMemScope {
+ public:
+  explicit HugeMemScope(const cann::CannApi& api) : api_(api) {
+    if (api_.init_huge_mem != nullptr) api_.init_huge_mem(nullptr, false);
+  }
+  ~HugeMemScope() {
+    if (api_.uninit_huge_mem != nullptr) api_.uninit_huge_mem(nullptr, false);
+  }
+  HugeMemScope(const HugeMemScope&) = delete;
+  HugeMemScope& operator=(const HugeMemScope&) = delete;
+
+ private:
+  const cann::CannApi& api_;
+};
+
+// The second phase: a workspace from the cache, then the launch, which
+// consumes the executor.  When no workspace can be had the executor is not
+// launched and not destroyed: aclDestroyAclOpExecutor is documented for
+// executors made repeatable only, and torch_npu's EXEC_NPU_CMD also leaves an
+// executor it cannot launch to CANN (a rare out-of-memory path).
+std::string Launch(const cann::CannApi& api, WorkspaceCache& cache, int64_t device,
+                   cann::aclrtStream stream, const char* name, cann::LaunchFn launch,
+                   uint64_t ws_size, cann::aclOpExecutor* executor) {
+  void* ws = nullptr;
+  std::string err = cache.Get(api, device, stream, ws_size, &ws);
+  if (!err.empty()) return std::string(name) + ": " + err;
+  const cann::aclnnStatus s = launch(ws, ws_size, executor, stream);
+  if (s != cann::kAclnnSuccess) return AclnnError(api, name, s);
+  // op_api_common.h:396-399: ReleaseHugeMem after a successful launch.
+  if (api.release_huge_mem != nullptr) api.release_huge_mem(nullptr, false);
+  return std::string();
+}
+
 std::string DispatchOne(const cann::CannApi& api, WorkspaceCache& cache,
                         int64_t device, cann::aclrtStream stream,
                         const UpdateScaleCall& c, int64_t i) {
@@ -72,6 +110,7 @@ std::string DispatchOne(const cann::CannApi& api, WorkspaceCache& cache,
 
   static const char* const kNames[5] = {"currentScale", "growthTracker", "foundInf",
                                         "updatedScale", "updatedGrowthTracker"};
+  HugeMemScope huge_mem(api);  // outlives the descriptors
   Descriptors d(api);
   aclTensor* t[5] = {d.Make(0, st, scale), d.Make(1, cann::ACL_INT32, tracker),
                      d.Make(2, st, found), d.Make(3, st, scale_out),
@@ -88,20 +127,64 @@ std::string DispatchOne(const cann::CannApi& api, WorkspaceCache& cache,
   cann::aclnnStatus s = api.get_workspace_size(t[0], t[1], t[2], c.growth_factor,
                                                c.backoff_factor, c.growth_interval,
                                                t[3], t[4], &ws_size, &executor);
+  if (s != cann::kAclnnSuccess) return AclnnError(api, "aclnnAmpUpdateScaleGetWorkspaceSize", s);
+  return Launch(api, cache, device, stream, "aclnnAmpUpdateScale", api.launch, ws_size,
+                executor);
+}
+
+// One launch of the fused pass over `n` (1..kMaxTensorsPerLaunch) leaves of
+// one dtype: a tensor list of 1-D contiguous tensors over the leaves (in
+// place), foundInf and invScale as float32 [1] tensors.  The list owns its
+// tensors once made: aclDestroyTensorList destroys them, exactly once.
+std::string LaunchForeach(const cann::CannApi& api, WorkspaceCache& cache, int64_t device,
+                          cann::aclrtStream stream, const UnscaleLeaf* leaves, size_t n,
+                          void* found, void* inv_scale) {
+  HugeMemScope huge_mem(api);  // outlives the descriptors and the list
+  std::vector<aclTensor*> tensors(n, nullptr);
+  auto destroy_tensors = [&]() {
+    for (aclTensor* t : tensors) {
+      if (t != nullptr) api.destroy_tensor(t);
+    }
+  };
+  for (size_t k = 0; k < n; ++k) {
+    const int64_t dims[1] = {leaves[k].count};
+    static constexpr int64_t kStride[1] = {1};
+    tensors[k] = api.create_tensor(dims, 1, AclScaleType(leaves[k].dtype), kStride, 0,
+                                   cann::ACL_FORMAT_ND, dims, 1, leaves[k].data);
+    if (tensors[k] == nullptr) {
+      destroy_tensors();
+      return "aclCreateTensor failed for scaledGrads[" + std::to_string(k) +
+             "]: " + RecentMessage(api);
+    }
+  }
+  cann::aclTensorList* list = api.create_tensor_list(tensors.data(), n);
+  if (list == nullptr) {
+    destroy_tensors();  // not owned by a list
+    return "aclCreateTensorList failed for " + std::to_string(n) +
+           " scaledGrads: " + RecentMessage(api);
+  }
+  // From here the list owns the tensors.
+  struct ListGuard {
+    const cann::CannApi& api;
+    cann::aclTensorList* list;
+    ~ListGuard() { api.destroy_tensor_list(list); }
+  } list_guard{api, list};
+  Descriptors d(api);
+  aclTensor* found_t = d.Make(0, cann::ACL_FLOAT, found);
+  aclTensor* inv_t = d.Make(1, cann::ACL_FLOAT, inv_scale);
+  if (found_t == nullptr || inv_t == nullptr) {
+    return std::string("aclCreateTensor failed for ") + (found_t == nullptr ? "foundInf" : "invScale") +
+           ": " + RecentMessage(api);
+  }
+  uint64_t ws_size = 0;
+  cann::aclOpExecutor* executor = nullptr;
+  const cann::aclnnStatus s =
+      api.foreach_get_workspace_size(list, found_t, inv_t, &ws_size, &executor);
   if (s != cann::kAclnnSuccess) {
-    std::string err = AclnnError(api, "aclnnAmpUpdateScaleGetWorkspaceSize", s);
-    if (executor != nullptr && api.destroy_executor != nullptr) api.destroy_executor(executor);
-    return err;
+    return AclnnError(api, "aclnnForeachNonFiniteCheckAndUnscaleGetWorkspaceSize", s);
   }
-  void* ws = nullptr;
-  std::string err = cache.Get(api, device, stream, ws_size, &ws);
-  if (!err.empty()) {
-    if (executor != nullptr && api.destroy_executor != nullptr) api.destroy_executor(executor);
-    return err;
-  }
-  s = api.launch(ws, ws_size, executor, stream);
-  if (s != cann::kAclnnSuccess) return AclnnError(api, "aclnnAmpUpdateScale", s);
-  return std::string();
+  return Launch(api, cache, device, stream, "aclnnForeachNonFiniteCheckAndUnscale",
+                api.foreach_launch, ws_size, executor);
 }
 
 }  // namespace
@@ -123,7 +206,7 @@ std::string WorkspaceCache::Get(const cann::CannApi& api, int64_t device, void* 
                                          cann::ACL_MEM_MALLOC_HUGE_FIRST);
   if (e != 0 || fresh == nullptr) {
     return "aclrtMalloc of a " + std::to_string(want) +
-           "-byte workspace for aclnnAmpUpdateScale failed with error " +
+           "-byte workspace failed with error " +
            std::to_string(e) + ": " + RecentMessage(api);
   }
   if (cur.ptr != nullptr) retired_.push_back(cur);
@@ -169,6 +252,19 @@ WorkspaceCache& GlobalWorkspaceCache() {
 std::string DispatchUpdateScale(const cann::CannApi& api, WorkspaceCache& cache,
                                 int64_t device, cann::aclrtStream stream,
                                 const UpdateScaleCall& call) {
+  // aclnnAmpUpdateScale computes CANN's rule (update_scale.h, Rule::kCann
+  // without the guard, which the lowering adds after the call:
+  // jax_amp_scale/lowering/update_scale.py).  Under Rule::kTorch that is
+  // torch's rule only when both factors are powers of two exact in float32;
+  // dispatch/backends.py plans the reference for any other torch state.
+  if (call.rule == Rule::kTorch && !(IsExactInFloat32PowerOfTwo(call.growth_factor) &&
+                                     IsExactInFloat32PowerOfTwo(call.backoff_factor))) {
+    return "rule 'torch' with growth_factor=" + std::to_string(call.growth_factor) +
+           " and backoff_factor=" + std::to_string(call.backoff_factor) +
+           " cannot run on aclnnAmpUpdateScale bit-exactly (it multiplies in "
+           "float32; torch's rule is exact there only for power-of-two factors): "
+           "use backend='auto' or 'reference', or rule='cann'";
+  }
   if (call.scale_out != call.scale || call.tracker_out != call.tracker) {
     return "aclnnAmpUpdateScale is called in place: the outputs must alias the "
            "inputs (input_output_aliases={0: 0, 1: 1})";
@@ -178,6 +274,32 @@ std::string DispatchUpdateScale(const cann::CannApi& api, WorkspaceCache& cache,
     if (!err.empty()) {
       if (call.count > 1) err = "batch element " + std::to_string(i) + ": " + err;
       return err;
+    }
+  }
+  return std::string();
+}
+
+}  // namespace jas
+
+namespace jas {
+
+std::string DispatchUnscaleAndCheck(const cann::CannApi& api, WorkspaceCache& cache,
+                                    int64_t device, cann::aclrtStream stream, void* inv_scale,
+                                    void* found, const std::vector<UnscaleLeaf>& leaves) {
+  if (api.foreach_launch == nullptr) {
+    return "aclnnForeachNonFiniteCheckAndUnscale is not available";
+  }
+  // One dtype per list (the tiling refuses mixed lists): group, keeping order.
+  for (ScaleDtype dt : {ScaleDtype::kF32, ScaleDtype::kF16, ScaleDtype::kBF16}) {
+    std::vector<UnscaleLeaf> group;
+    for (const UnscaleLeaf& l : leaves) {
+      if (l.dtype == dt && l.count > 0) group.push_back(l);
+    }
+    for (size_t start = 0; start < group.size(); start += kMaxTensorsPerLaunch) {
+      const size_t n = std::min(kMaxTensorsPerLaunch, group.size() - start);
+      std::string err = LaunchForeach(api, cache, device, stream, group.data() + start, n,
+                                      found, inv_scale);
+      if (!err.empty()) return err;
     }
   }
   return std::string();

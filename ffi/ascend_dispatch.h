@@ -67,11 +67,39 @@ WorkspaceCache& GlobalWorkspaceCache();
 // `tracker` (XLA aliases them, as torch_npu calls the operator in place).
 // The operator takes shape-[1] tensors, so a vmapped batch (count > 1) is
 // dispatched as one operator call per element, each on its own descriptors.
+// The operator computes CANN's published kernel (Rule::kCann without the
+// library's guard, which the lowering applies after the call); a Rule::kTorch
+// call is refused unless both factors are powers of two exact in float32
+// (then the kernel's bits are torch's).
 // Returns an empty string or the error (with aclnn status, its name and
 // aclGetRecentErrMsg()).
 std::string DispatchUpdateScale(const cann::CannApi& api, WorkspaceCache& cache,
                                 int64_t device, cann::aclrtStream stream,
                                 const UpdateScaleCall& call);
+
+// One gradient leaf of the fused pass: float32/float16/bfloat16 device
+// memory, unscaled in place.
+struct UnscaleLeaf {
+  ScaleDtype dtype;
+  void* data;
+  int64_t count;
+};
+
+// aclnnForeachNonFiniteCheckAndUnscale takes at most this many tensors
+// (hicann/ops-nn foreach/foreach_non_finite_check_and_unscale/op_host/
+// foreach_non_finite_check_and_unscale_tiling.h:30, checked at
+// foreach_non_finite_check_and_unscale_tiling.cpp:88-91).
+constexpr size_t kMaxTensorsPerLaunch = 256;
+
+// The fused gradient pass on `leaves`, in place: one operator launch per
+// dtype and per kMaxTensorsPerLaunch leaves (empty leaves are skipped; the
+// tiling refuses them), each on its own tensor list, destroyed exactly once.
+// `found` (float32 [1], device) must hold 0 before the call: the kernel only
+// ever sets it to 1.0, so launches OR into it.  `inv_scale` is float32 [1].
+// Returns an empty string or the error (status, name, CANN's message).
+std::string DispatchUnscaleAndCheck(const cann::CannApi& api, WorkspaceCache& cache,
+                                    int64_t device, cann::aclrtStream stream, void* inv_scale,
+                                    void* found, const std::vector<UnscaleLeaf>& leaves);
 
 }  // namespace jas
 

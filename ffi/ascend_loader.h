@@ -6,9 +6,17 @@
 //     path; nothing else is tried), else libopapi_math.so (recent CANN) then
 //     libopapi.so (older CANN), each under $ASCEND_HOME_PATH/lib64,
 //     $ASCEND_TOOLKIT_HOME/lib64 and finally the dynamic loader's path;
-//   libnnopbase.so (aclCreateTensor, aclDestroyTensor) and libascendcl.so
-//     (aclrtMalloc, aclrtFree, aclGetRecentErrMsg): the same directories,
-//     then the loader's path.
+//   libnnopbase.so (aclCreateTensor, aclDestroyTensor, tensor lists) and
+//     libascendcl.so (aclrtMalloc, aclrtFree, aclGetRecentErrMsg): through
+//     the operator library's own handle (dlsym reaches the libraries it was
+//     linked against, as torch_npu resolves them), else the same directories
+//     then the loader's path.  A second copy of either (another one under
+//     $ASCEND_HOME_PATH/$ASCEND_TOOLKIT_HOME, or one already loaded in the
+//     process) is refused: a mixed installation;
+//   fused pass (aclnnForeachNonFiniteCheckAndUnscale*, optional):
+//     $JAX_AMP_SCALE_CANN_OPAPI when set, then libopapi_nn.so (recent CANN)
+//     and libopapi.so (older), in the directories above; it must use the
+//     same libnnopbase.so as the update-scale operator.
 #ifndef JAX_AMP_SCALE_FFI_ASCEND_LOADER_H_
 #define JAX_AMP_SCALE_FFI_ASCEND_LOADER_H_
 
@@ -23,6 +31,8 @@ struct LoadedCann {
   std::string opapi_path;
   std::string nnopbase_path;
   std::string ascendcl_path;
+  std::string opapi_nn_path;  // the fused-pass operator's library, or ""
+  std::string foreach_error;  // why the fused pass is unavailable, or ""
 };
 
 // The loaded table, loading it on first use.  Returns nullptr and sets

@@ -16,10 +16,12 @@
 #include "xla/ffi/api/c_api.h"
 
 extern "C" XLA_FFI_Error* JasUpdateScaleAscend(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* JasUnscaleAndCheckAscend(XLA_FFI_CallFrame*);
 
 NB_MODULE(_native_ascend, m) {
   jas::DefineCapsuleModule(m, "jax_amp_scale Ascend (aclnnAmpUpdateScale) XLA FFI handlers.",
-                           {{jas::kUpdateScaleTarget, &JasUpdateScaleAscend}});
+                           {{jas::kUpdateScaleTarget, &JasUpdateScaleAscend},
+                            {jas::kUnscaleAndCheckTarget, &JasUnscaleAndCheckAscend}});
   m.def("load_cann", []() {
     std::string err;
     const jas::LoadedCann* c = jas::GetCann(&err);
@@ -28,6 +30,8 @@ NB_MODULE(_native_ascend, m) {
     d["opapi"] = c->opapi_path;
     d["nnopbase"] = c->nnopbase_path;
     d["ascendcl"] = c->ascendcl_path;
+    d["opapi_nn"] = c->opapi_nn_path;
+    d["fused_pass_error"] = c->foreach_error;
     return d;
   });
 }

@@ -14,6 +14,7 @@ namespace cann {
 
 // Opaque handles; only ever used through pointers.
 struct aclTensor;
+struct aclTensorList;
 struct aclOpExecutor;
 using aclrtStream = void*;
 using aclnnStatus = int32_t;  // 0 = success
@@ -67,8 +68,18 @@ using aclCreateTensorFn = aclTensor* (*)(const int64_t* view_dims,
                                          uint64_t storage_dims_num,
                                          void* tensor_data);
 using aclDestroyTensorFn = aclnnStatus (*)(const aclTensor* tensor);
-// Optional (newer CANN): frees an executor that will not be launched.
-using aclDestroyAclOpExecutorFn = aclnnStatus (*)(aclOpExecutor* executor);
+// aclnn/acl_meta.h (libnnopbase.so): a list owns its tensors; destroying
+// the list destroys them.
+using aclCreateTensorListFn = aclTensorList* (*)(const aclTensor* const* value,
+                                                 uint64_t size);
+using aclDestroyTensorListFn = aclnnStatus (*)(const aclTensorList* array);
+// aclnnop/aclnn_foreach_non_finite_check_and_unscale.h (libopapi_nn.so in
+// recent CANN, libopapi.so in older).
+using ForeachGetWorkspaceSizeFn = aclnnStatus (*)(const aclTensorList* scaled_grads,
+                                                  const aclTensor* found_inf,
+                                                  const aclTensor* inv_scale,
+                                                  uint64_t* workspace_size,
+                                                  aclOpExecutor** executor);
 using GetWorkspaceSizeFn = aclnnStatus (*)(
     const aclTensor* current_scale, const aclTensor* growth_tracker,
     const aclTensor* found_inf, double growth_factor, double backoff_factor,
@@ -82,11 +93,28 @@ using aclrtMallocFn = aclError (*)(void** dev_ptr, size_t size,
 using aclrtFreeFn = aclError (*)(void* dev_ptr);
 using aclGetRecentErrMsgFn = const char* (*)();
 
-// The loaded function table.  Everything but destroy_executor is required.
+// Optional: CANN's per-thread "huge memory" bracket, which torch_npu's
+// EXEC_NPU_CMD calls around every aclnn call (Ascend/op-plugin
+// op_plugin/utils/op_api_common.h:136-140 types, :343-409 use): Init before
+// the descriptors and GetWorkspaceSize, Release after a successful launch,
+// UnInit at the end, each with (nullptr, false).
+using InitHugeMemThreadLocalFn = int (*)(void*, bool);
+using UnInitHugeMemThreadLocalFn = void (*)(void*, bool);
+using ReleaseHugeMemFn = void (*)(void*, bool);
+
+// The loaded function table.  Everything but the huge-memory bracket and the
+// fused-pass entries (foreach_*, tensor lists: empty when the installation
+// lacks the operator, see foreach_error) is required.
 struct CannApi {
+  InitHugeMemThreadLocalFn init_huge_mem = nullptr;      // optional
+  UnInitHugeMemThreadLocalFn uninit_huge_mem = nullptr;  // optional
+  ReleaseHugeMemFn release_huge_mem = nullptr;           // optional
+  aclCreateTensorListFn create_tensor_list = nullptr;
+  aclDestroyTensorListFn destroy_tensor_list = nullptr;
+  ForeachGetWorkspaceSizeFn foreach_get_workspace_size = nullptr;
+  LaunchFn foreach_launch = nullptr;
   aclCreateTensorFn create_tensor = nullptr;
   aclDestroyTensorFn destroy_tensor = nullptr;
-  aclDestroyAclOpExecutorFn destroy_executor = nullptr;
   GetWorkspaceSizeFn get_workspace_size = nullptr;
   LaunchFn launch = nullptr;
   aclrtMallocFn rt_malloc = nullptr;

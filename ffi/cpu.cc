@@ -13,12 +13,12 @@ namespace {
 using Cpu = UpdateScaleFfi<>;  // no context: XLA:CPU runs it on its thread
 
 ffi::Error RunOnHost(const UpdateScaleCall& call) {
-  const Factor gf = SplitFactor(call.growth_factor);
-  const Factor bf = SplitFactor(call.backoff_factor);
+  const Factor gf = FactorFor(call.rule, call.growth_factor);
+  const Factor bf = FactorFor(call.rule, call.backoff_factor);
   for (int64_t i = 0; i < call.count; ++i) {
     UpdateElement(call.dtype, call.scale, call.tracker, call.found_inf,
                   call.scale_out, call.tracker_out, i, gf, bf,
-                  call.growth_interval);
+                  call.growth_interval, call.rule);
   }
   return ffi::Error::Success();
 }

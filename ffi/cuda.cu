@@ -23,7 +23,7 @@ __global__ void UpdateScaleKernel(UpdateScaleCall call, Factor growth_factor,
   if (i < call.count) {
     UpdateElement(call.dtype, call.scale, call.tracker, call.found_inf,
                   call.scale_out, call.tracker_out, i, growth_factor,
-                  backoff_factor, call.growth_interval);
+                  backoff_factor, call.growth_interval, call.rule);
   }
 }
 
@@ -32,7 +32,8 @@ ffi::Error LaunchOnStream(cudaStream_t stream, const UpdateScaleCall& call) {
   const int64_t blocks = (call.count + kThreads - 1) / kThreads;
   if (blocks > 2147483647) return ffi::Error::InvalidArgument("batch too large");
   UpdateScaleKernel<<<static_cast<unsigned int>(blocks), kThreads, 0, stream>>>(
-      call, SplitFactor(call.growth_factor), SplitFactor(call.backoff_factor));
+      call, FactorFor(call.rule, call.growth_factor),
+      FactorFor(call.rule, call.backoff_factor));
   const cudaError_t launch = cudaGetLastError();
   if (launch != cudaSuccess) {
     return ffi::Error(ffi::ErrorCode::kInternal,

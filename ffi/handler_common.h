@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "update_scale.h"
@@ -56,16 +57,25 @@ inline ffi::ErrorOr<ScaleDtype> ToScaleDtype(ffi::DataType dt) {
   }
 }
 
-// Checks the five buffers and three attributes of an update-scale call and
+// The "rule" attribute ("torch" or "cann") as a Rule.
+inline ffi::ErrorOr<Rule> ToRule(std::string_view rule) {
+  if (rule == "torch") return Rule::kTorch;
+  if (rule == "cann") return Rule::kCann;
+  return InvalidArgument("rule must be 'torch' or 'cann', got '" + std::string(rule) + "'");
+}
+
+// Checks the five buffers and four attributes of an update-scale call and
 // returns the call they describe, or the InvalidArgument error naming what is
 // wrong.  Nothing is read or written through the buffers.
 inline ffi::ErrorOr<UpdateScaleCall> CheckUpdateScale(
     const ffi::AnyBuffer& scale, const ffi::AnyBuffer& tracker,
     const ffi::AnyBuffer& found_inf, const ffi::AnyBuffer& scale_out,
     const ffi::AnyBuffer& tracker_out, double growth_factor,
-    double backoff_factor, int64_t growth_interval) {
+    double backoff_factor, int64_t growth_interval, std::string_view rule_name) {
+  ffi::ErrorOr<Rule> rule = ToRule(rule_name);
+  if (rule.has_error()) return ffi::Unexpected<ffi::Error>(rule.error());
   if (const char* err =
-          CheckAttributes(growth_factor, backoff_factor, growth_interval)) {
+          CheckAttributes(growth_factor, backoff_factor, growth_interval, *rule)) {
     return InvalidArgument(err);
   }
   ffi::ErrorOr<ScaleDtype> dtype = ToScaleDtype(scale.element_type());
@@ -105,7 +115,40 @@ inline ffi::ErrorOr<UpdateScaleCall> CheckUpdateScale(
                          static_cast<int64_t>(n),
                          growth_factor,
                          backoff_factor,
-                         growth_interval};
+                         growth_interval,
+                         *rule};
+}
+
+// The k-th gradient leaf of a fused-pass call and its unscaled result,
+// checked: both array buffers, the leaf's dtype one `allowed` accepts
+// (`allowed_names` spells them for the message), the result of the leaf's
+// dtype and element count, data where there are elements.
+struct CheckedLeaf {
+  ffi::AnyBuffer in;
+  ffi::AnyBuffer out;
+};
+
+template <typename Allowed>
+ffi::ErrorOr<CheckedLeaf> CheckLeaf(const ffi::RemainingArgs& leaves,
+                                    const ffi::RemainingRets& outs, size_t k,
+                                    Allowed allowed, const char* allowed_names) {
+  auto in = leaves.get<ffi::AnyBuffer>(k);
+  auto out = outs.get<ffi::AnyBuffer>(k);
+  const std::string leaf = "leaf " + std::to_string(k);
+  if (!in.has_value() || !out.has_value()) return InvalidArgument(leaf + " is not an array buffer");
+  const ffi::DataType dt = in->element_type();
+  if (!allowed(dt)) {
+    return InvalidArgument(leaf + " must be " + allowed_names + ", got " + DtypeName(dt));
+  }
+  if ((*out)->element_type() != dt || (*out)->element_count() != in->element_count()) {
+    return InvalidArgument("unscaled " + leaf +
+                           " must have the dtype and element count of its gradient leaf");
+  }
+  if (in->element_count() > 0 &&
+      (in->untyped_data() == nullptr || (*out)->untyped_data() == nullptr)) {
+    return InvalidArgument(leaf + " has elements but a null data pointer");
+  }
+  return CheckedLeaf{*in, **out};
 }
 
 namespace internal {
@@ -133,7 +176,8 @@ auto WithUpdateScaleOperands(Binding&& binding) {
       .template Ret<ffi::AnyBuffer>()  // updated_tracker (aliases growth_tracker)
       .template Attr<double>("growth_factor")
       .template Attr<double>("backoff_factor")
-      .template Attr<int64_t>("growth_interval");
+      .template Attr<int64_t>("growth_interval")
+      .template Attr<std::string_view>("rule");
 }
 }  // namespace internal
 
@@ -163,10 +207,11 @@ struct UpdateScaleFfi {
                  ffi::AnyBuffer tracker, ffi::AnyBuffer found_inf,
                  ffi::Result<ffi::AnyBuffer> scale_out,
                  ffi::Result<ffi::AnyBuffer> tracker_out, double growth_factor,
-                 double backoff_factor, int64_t growth_interval) -> ffi::Error {
+                 double backoff_factor, int64_t growth_interval,
+                 std::string_view rule) -> ffi::Error {
       ffi::ErrorOr<UpdateScaleCall> call =
           CheckUpdateScale(scale, tracker, found_inf, *scale_out, *tracker_out,
-                           growth_factor, backoff_factor, growth_interval);
+                           growth_factor, backoff_factor, growth_interval, rule);
       if (call.has_error()) return call.error();
       if (call->count == 0) return ffi::Error::Success();
       return run(ctx..., *call);

@@ -47,25 +47,9 @@ ffi::Error CheckUnscaleCall(const ffi::AnyBuffer& inv_scale,
     return ffi::Error::InvalidArgument("the call must have as many unscaled results as gradient leaves");
   }
   for (size_t k = 0; k < leaves.size(); ++k) {
-    auto in = leaves.get<ffi::AnyBuffer>(k);
-    auto out = outs.get<ffi::AnyBuffer>(k);
-    const std::string leaf = "leaf " + std::to_string(k);
-    if (!in.has_value() || !out.has_value()) {
-      return ffi::Error::InvalidArgument(leaf + " is not an array buffer");
-    }
-    const ffi::DataType dt = in->element_type();
-    if (!IsLeafDtype(dt)) {
-      return ffi::Error::InvalidArgument(leaf + " must be float16, bfloat16, float32 or float64, got " +
-                             DtypeName(dt));
-    }
-    if ((*out)->element_type() != dt || (*out)->element_count() != in->element_count()) {
-      return ffi::Error::InvalidArgument("unscaled " + leaf +
-                             " must have the dtype and element count of its gradient leaf");
-    }
-    if (in->element_count() > 0 &&
-        (in->untyped_data() == nullptr || (*out)->untyped_data() == nullptr)) {
-      return ffi::Error::InvalidArgument(leaf + " has elements but a null data pointer");
-    }
+    ffi::ErrorOr<CheckedLeaf> leaf =
+        CheckLeaf(leaves, outs, k, IsLeafDtype, "float16, bfloat16, float32 or float64");
+    if (leaf.has_error()) return leaf.error();
   }
   return ffi::Error::Success();
 }

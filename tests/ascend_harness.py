@@ -7,19 +7,27 @@ test double (``tests/cann_double``) it proves the dispatch without an NPU.
 The module has its own CANN loader state and workspace cache: `testing()`'s
 ``forget_cann``, ``workspaces``, ``retired_workspaces`` and
 ``release_workspaces`` act on the state its binding uses.
+
+`ascend_on_cpu` runs the package's whole Ascend path on CPU (the public
+functions, the dispatch decisions, the guard, the fused pass's calling
+convention, every CANN call) against the double.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from jax_amp_scale.lowering.update_scale import call_native
+from jax_amp_scale.lowering.gradient_pass import cann_fused_pass
+from jax_amp_scale.lowering.update_scale import call_native, refuse_infinite_growth
+from jax_amp_scale.reference.gradient_pass import reference_pass
 from jax_amp_scale.state.validation import found_to_bool
 
 # A subprocess started by a test reuses the parent's build through this.
@@ -47,14 +55,24 @@ def testing() -> ModuleType:
 
 
 def register_test_binding() -> str:
-    """Registers the CPU test binding (idempotent); returns its target name."""
+    """Registers the CPU test bindings (idempotent); returns the update-scale one's name."""
     global _registered
     mod = testing()
     if not _registered:
-        capsule = mod.registrations()[mod.TEST_TARGET]
-        jax.ffi.register_ffi_target(mod.TEST_TARGET, capsule, platform="cpu")
+        capsules = mod.registrations()
+        for name in (mod.TEST_TARGET, mod.UNSCALE_TEST_TARGET):
+            jax.ffi.register_ffi_target(name, capsules[name], platform="cpu")
         _registered = True
     return str(mod.TEST_TARGET)
+
+
+def unscale_and_check(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
+    """The fused gradient pass through the Ascend dispatch on CPU
+    (``aclnnForeachNonFiniteCheckAndUnscale`` of the double): the lowering's
+    CANN calling convention, float64 and empty leaves through the reference."""
+    register_test_binding()
+    target = str(testing().UNSCALE_TEST_TARGET)
+    return cann_fused_pass(target, reference_pass)(jnp.asarray(inv, jnp.float32), list(leaves))
 
 
 def update_scale(
@@ -65,6 +83,8 @@ def update_scale(
     growth_factor: float,
     backoff_factor: float,
     growth_interval: int,
+    rule: str = "cann",
+    guard: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """`amp_update_scale` through the Ascend dispatch on CPU.
 
@@ -73,11 +93,16 @@ def update_scale(
     means overflow) goes to the handler in the scale's dtype, as the operator
     wants it; the call is in place and vmaps as one call per batch (the
     package's own custom-call wrapper, pointed at the test target).
+
+    `rule` is the state's rule attribute (the handler refuses ``"torch"``
+    unless both factors are powers of two).  Without `guard` the result is
+    the operator's own (CANN's kernel: a float16 32768 grown x2 is inf);
+    with it, the library's guard runs after the call as on Ascend.
     """
     target = register_test_binding()
     scale = jnp.asarray(current_scale)
     found = found_to_bool(found_inf, tuple(scale.shape))
-    return call_native(
+    new_scale, new_tracker = call_native(
         target,
         scale,
         jnp.asarray(growth_tracker),
@@ -85,4 +110,49 @@ def update_scale(
         growth_factor=growth_factor,
         backoff_factor=backoff_factor,
         growth_interval=growth_interval,
+        rule=rule,
     )
+    if guard:
+        new_scale = refuse_infinite_growth(scale, found, new_scale)
+    return new_scale, new_tracker
+
+
+@contextlib.contextmanager
+def ascend_on_cpu() -> Iterator[None]:
+    """Within it, CPU plays Ascend: the package's own dispatch, run whole.
+
+    ``update_scale(..., backend="auto")``, ``unscale_and_check`` and
+    ``loss_scaled`` then take exactly the path they take on an Ascend
+    platform: `dispatch.backends` treats "cpu" as a CANN platform (the rule
+    choice: a torch state with factors that are not powers of two plans the
+    reference; the guard after aclnnAmpUpdateScale; the fused pass's CANN
+    calling convention) and prefers the native handlers, whose targets are
+    the test bindings of ``ffi/ascend.cc`` (CANN loaded by the production
+    loader: point it at the CANN test double first, ``control.use``).
+    Functions traced inside keep that path; trace afresh after leaving.
+    """
+    from jax_amp_scale.dispatch import backends
+    from jax_amp_scale.platforms import native, registry
+
+    register_test_binding()
+    mod = testing()
+    native.platforms(registry.UPDATE_SCALE)  # the built-in names, loaded first
+    saved = {op: registry.target(op) for op in registry.OPERATORS}
+    saved_cann, saved_auto = backends.ASCEND_PLATFORMS, backends.AUTO_NATIVE
+    registry.set_target_names(
+        {
+            registry.UPDATE_SCALE: str(mod.TEST_TARGET),
+            registry.UNSCALE_AND_CHECK: str(mod.UNSCALE_TEST_TARGET),
+        }
+    )
+    backends.ASCEND_PLATFORMS = frozenset({"cpu"})
+    backends.AUTO_NATIVE = {
+        op: {"always": frozenset({"cpu"}), "one_device": frozenset()} for op in saved_auto
+    }
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        registry.set_target_names(saved)
+        backends.ASCEND_PLATFORMS, backends.AUTO_NATIVE = saved_cann, saved_auto
+        jax.clear_caches()

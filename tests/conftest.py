@@ -9,6 +9,8 @@ once per process, so the two cannot share one).
 
 import os
 
+import pytest
+
 # Tests that check bits compare against NumPy; keep JAX on the host CPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -16,3 +18,23 @@ MULTIDEVICE = os.environ.get("JAS_MULTIDEVICE") == "1"
 
 # Collected only by the multi-device process (tests/multidevice/conftest.py).
 collect_ignore = [] if MULTIDEVICE else ["multidevice"]
+
+
+@pytest.fixture(scope="module")
+def double(tmp_path_factory):
+    """The CANN test double (tests/cann_double), built once per session."""
+    from tests.cann_double import control
+
+    return control.shared(tmp_path_factory)
+
+
+@pytest.fixture
+def cann(double, monkeypatch):
+    """The double's "full" installation, fresh, with the Ascend loader pointed at it."""
+    from tests import ascend_harness
+    from tests.cann_double import control
+
+    control.use(monkeypatch, double, "full")
+    yield double
+    ascend_harness.testing().release_workspaces()
+    double.reset()

@@ -4,7 +4,11 @@ The test binding (``tests/ascend_harness.py``, the test extension
 ``_ascend_testing``) runs the production validation and dispatch code
 (``ffi/handler_common.h``, ``ffi/ascend.cc``, ``ffi/ascend_dispatch.cc``)
 under ``jax.jit`` with a null stream; the double (``tests/cann_double``)
-implements the operator independently and records every call.
+implements the operator as CANN's published kernel computes it (float32
+factors and product, check before cast) and records every call.  Its bits
+are compared with ``tests/_cann_rule.py`` (a model written from the kernel
+source) and, with the library's guard, with the reference under
+``rule="cann"``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import pytest
 
 from jax_amp_scale import amp_update_scale
 from tests import ascend_harness
+from tests._cann_rule import cann_kernel
 from tests.cann_double import control
 
 DTYPES = (jnp.float32, jnp.float16, jnp.bfloat16)
@@ -30,23 +35,10 @@ ACL = {jnp.dtype(jnp.float32): 0, jnp.dtype(jnp.float16): 1, jnp.dtype(jnp.bfloa
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def double(tmp_path_factory):
-    return control.shared(tmp_path_factory)
-
-
-@pytest.fixture
-def cann(double, monkeypatch):
-    control.use(monkeypatch, double, "full")
-    yield double
-    ascend_harness.testing().release_workspaces()
-    double.reset()
-
-
-def step(scale, tracker, found, gf=2.0, bf=0.5, gi=2000):
+def step(scale, tracker, found, gf=2.0, bf=0.5, gi=2000, rule="cann"):
     f = jax.jit(
         lambda s, t, x: ascend_harness.update_scale(
-            s, t, x, growth_factor=gf, backoff_factor=bf, growth_interval=gi
+            s, t, x, growth_factor=gf, backoff_factor=bf, growth_interval=gi, rule=rule
         )
     )
     return f(scale, tracker, found)
@@ -61,7 +53,14 @@ def test_descriptors_arguments_and_attributes(cann, dtype):
     s, t = state(dtype, 8.0, tracker=6)
     new_s, new_t = step(s, t, False, gf=1.1, bf=0.3, gi=7)
     want_s, want_t = amp_update_scale(
-        s, t, False, growth_factor=1.1, backoff_factor=0.3, growth_interval=7, backend="reference"
+        s,
+        t,
+        False,
+        growth_factor=1.1,
+        backoff_factor=0.3,
+        growth_interval=7,
+        backend="reference",
+        rule="cann",
     )
     assert float(new_s[0]) == float(want_s[0]) != 8.0
     assert int(new_t[0]) == int(want_t[0]) == 0
@@ -96,8 +95,22 @@ def test_two_phase_order(cann):
     for found in (False, True, False):
         s, t = step(s, t, found)
     evs = [e["ev"] for e in cann.log()]
-    one = ["create"] * 5 + ["gws", "run"] + ["destroy"] * 5
+    # Bracketed as torch_npu's EXEC_NPU_CMD_V1 brackets aclnn calls
+    # (Ascend/op-plugin op_plugin/utils/op_api_common.h:370-408).
+    one = ["huge_init"] + ["create"] * 5 + ["gws", "run", "huge_release"]
+    one += ["destroy"] * 5 + ["huge_uninit"]
     assert evs == one * 3
+    assert cann.stats()["bad_calls"] == 0
+
+
+def test_huge_memory_bracket_is_closed_on_failure(cann):
+    cann.fail("aclnnAmpUpdateScaleGetWorkspaceSize", 161002, "bad")
+    s, t = state(jnp.float32)
+    with pytest.raises(Exception, match="161002"):
+        jax.block_until_ready(step(s, t, False))
+    evs = [e["ev"] for e in cann.log() if e["ev"].startswith("huge")]
+    assert evs == ["huge_init", "huge_uninit"]  # no release: nothing was launched
+    assert cann.stats()["bad_calls"] == 0
 
 
 @pytest.mark.parametrize(
@@ -164,7 +177,14 @@ def test_no_descriptor_leaked_after_10000_calls(cann):
     def body(_, st):
         s, t = st
         return ascend_harness.update_scale(
-            s, t, t[0] % 7 == 3, growth_factor=2.0, backoff_factor=0.5, growth_interval=5
+            s,
+            t,
+            t[0] % 7 == 3,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            growth_interval=5,
+            rule="torch",  # power-of-two factors: the operator serves torch's rule
+            guard=True,
         )
 
     def ref_body(_, st):
@@ -221,17 +241,19 @@ def test_every_error_status_is_surfaced_with_its_message(cann, api, status, name
     assert len(runs) == (1 if api == "aclnnAmpUpdateScale" else 0)
 
 
-def test_workspace_allocation_failure_frees_the_executor(cann):
+def test_workspace_allocation_failure_leaves_the_executor_to_cann(cann):
+    # aclDestroyAclOpExecutor is documented for executors made repeatable
+    # only; torch_npu's EXEC_NPU_CMD does not call it when the workspace
+    # cannot be allocated either.  The descriptors are still destroyed.
     cann.set_workspace_size(2 * MiB)
     cann.fail("aclrtMalloc", 207001, "out of device memory (double)")
     s, t = state(jnp.float32)
-    with pytest.raises(Exception, match=r"aclrtMalloc.*207001.*out of device memory"):
+    before = cann.stats()["live_execs"]
+    with pytest.raises(Exception, match=r"aclnnAmpUpdateScale: aclrtMalloc.*207001.*out of device"):
         jax.block_until_ready(step(s, t, False))
-    assert [e["ev"] for e in cann.log() if e["ev"] in ("gws", "destroy_exec", "run")] == [
-        "gws",
-        "destroy_exec",
-    ]
-    assert cann.stats()["live_execs"] == 0 and cann.stats()["live_tensors"] == 0
+    assert [e["ev"] for e in cann.log() if e["ev"] in ("gws", "destroy_exec", "run")] == ["gws"]
+    assert cann.stats()["live_tensors"] == 0
+    assert cann.stats()["live_execs"] == before + 1  # unlaunched: CANN's to reclaim
 
 
 def test_descriptor_creation_failure(cann):
@@ -301,9 +323,9 @@ def test_bit_for_bit_equal_to_the_reference_lowering(cann, dtype, gf, bf):
     ]
     found = jnp.asarray(rng.choice([0.0, 1.0, np.nan, -0.0, np.inf, -2.0], m), jnp.float32)
 
-    def ours(s, t, x):
+    def ours(s, t, x, guard):
         return ascend_harness.update_scale(
-            s, t, x, growth_factor=gf, backoff_factor=bf, growth_interval=gi
+            s, t, x, growth_factor=gf, backoff_factor=bf, growth_interval=gi, guard=guard
         )
 
     def ref(s, t, x):
@@ -315,14 +337,92 @@ def test_bit_for_bit_equal_to_the_reference_lowering(cann, dtype, gf, bf):
             backoff_factor=bf,
             growth_interval=gi,
             backend="reference",
+            rule="cann",
         )
 
     cann.logging(False)
-    got_s, got_t = jax.jit(jax.vmap(ours))(scales, trackers, found)
+    # The operator alone is CANN's published kernel (the NumPy model).
+    raw_s, raw_t = jax.jit(jax.vmap(lambda s, t, x: ours(s, t, x, False)))(scales, trackers, found)
+    model = [
+        cann_kernel(np.asarray(s)[0], int(t[0]), np.float32(x), gf, bf, gi)
+        for s, t, x in zip(np.asarray(scales), np.asarray(trackers), np.asarray(found), strict=True)
+    ]
+    want_raw = np.asarray([m[0] for m in model], jnp.dtype(dtype))
+    raw = np.asarray(raw_s).ravel()
+    nan = np.isnan(raw.astype(np.float32))
+    np.testing.assert_array_equal(nan, np.isnan(want_raw.astype(np.float32)))
+    np.testing.assert_array_equal(_bits(raw)[~nan], _bits(want_raw)[~nan])
+    np.testing.assert_array_equal(np.asarray(raw_t).ravel(), [m[1] for m in model])
+    # With the guard after the call it is the reference's rule "cann", bit for bit.
+    got_s, got_t = jax.jit(jax.vmap(lambda s, t, x: ours(s, t, x, True)))(scales, trackers, found)
     want_s, want_t = jax.jit(jax.vmap(ref))(scales, trackers, found)
     np.testing.assert_array_equal(_bits(got_s), _bits(want_s))
     np.testing.assert_array_equal(np.asarray(got_t), np.asarray(want_t))
-    assert cann.stats()["gws_calls"] >= m
+    assert cann.stats()["gws_calls"] >= 2 * m
+
+
+def test_float16_growth_to_65536_is_inf_in_the_kernel_and_guarded(cann):
+    # CANN's kernel tests finiteness on the float32 product, then casts
+    # (amp_update_scale.h:146-147, :165): 32768 * 2 = 65536 is stored as inf.
+    s, t = state(jnp.float16, 2.0**15, tracker=0)
+    raw_s, raw_t = step(s, t, False, gi=1)
+    assert np.isinf(float(raw_s[0])) and int(raw_t[0]) == 0
+    assert np.isinf(cann_kernel(np.float16(2.0**15), 0, 0.0, 2.0, 0.5, 1)[0])
+    f = jax.jit(
+        lambda s, t: ascend_harness.update_scale(
+            s, t, False, growth_factor=2.0, backoff_factor=0.5, growth_interval=1, guard=True
+        )
+    )
+    new_s, new_t = f(s, t)
+    assert float(new_s[0]) == 2.0**15 and int(new_t[0]) == 0
+
+
+def test_torch_rule_needs_power_of_two_factors(cann):
+    s, t = state(jnp.float32, 3.0, tracker=6)
+    with pytest.raises(Exception, match=r"rule 'torch'.*cannot run on aclnnAmpUpdateScale"):
+        jax.block_until_ready(step(s, t, False, gf=1.1, bf=0.5, gi=7, rule="torch"))
+    assert not [e for e in cann.log() if e["ev"] in ("create", "gws")]  # refused before CANN
+    new_s, _ = step(s, t, False, gf=4.0, bf=0.25, gi=7, rule="torch")
+    assert float(new_s[0]) == 12.0
+
+
+def test_interval_out_of_range_is_a_tiling_error_in_the_double(double):
+    # amp_update_scale_tiling.cpp:75: the double answers 561002 like CANN; the
+    # handler never sends such an interval (checked before CANN is called).
+    import ctypes
+
+    lib = ctypes.CDLL(str(double.root / "full" / "libopapi_math.so"))
+    nn = ctypes.CDLL(str(double.root / "full" / "libnnopbase.so"))
+    nn.aclCreateTensor.restype = ctypes.c_void_p
+    p64, u64, i32 = ctypes.POINTER(ctypes.c_int64), ctypes.c_uint64, ctypes.c_int32
+    nn.aclCreateTensor.argtypes = [p64, u64, i32, p64, ctypes.c_int64, i32, p64, u64]
+    nn.aclCreateTensor.argtypes += [ctypes.c_void_p]
+    one = (ctypes.c_int64 * 1)(1)
+    bufs = [ctypes.create_string_buffer(4) for _ in range(5)]
+    dtypes = [0, 3, 0, 0, 3]
+    ts = [
+        nn.aclCreateTensor(one, 1, dt, one, 0, 2, one, 1, b)
+        for dt, b in zip(dtypes, bufs, strict=True)
+    ]
+    ws, ex = ctypes.c_uint64(), ctypes.c_void_p()
+    lib.aclnnAmpUpdateScaleGetWorkspaceSize.argtypes = [ctypes.c_void_p] * 3 + [
+        ctypes.c_double,
+        ctypes.c_double,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+    ]
+    try:
+        st = lib.aclnnAmpUpdateScaleGetWorkspaceSize(
+            ts[0], ts[1], ts[2], 2.0, 0.5, 0, ts[3], ts[4], ctypes.byref(ws), ctypes.byref(ex)
+        )
+        assert st == 561002
+    finally:
+        nn.aclDestroyTensor.argtypes = [ctypes.c_void_p]
+        for t in ts:
+            nn.aclDestroyTensor(t)
 
 
 _TWO_DEVICES = """
@@ -362,3 +462,41 @@ def test_workspace_is_cached_per_device(double, monkeypatch):
     got = json.loads(out.stdout.strip().splitlines()[-1])
     # One buffer per device (null stream on CPU), reused across the steps.
     assert got == [[0, 0, 1 << 20], [1, 0, 1 << 20]]
+
+
+@pytest.mark.parametrize(("gf", "bf"), [(2.0, 0.5), (4.0, 0.25)])
+def test_power_of_two_factors_match_torch_through_the_operator(cann, gf, bf):
+    # Where the two published kernels agree (power-of-two factors), the
+    # double's aclnnAmpUpdateScale with the library's guard gives
+    # torch._amp_update_scale_'s bits (float32, torch's only scale dtype).
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(21)
+    bits = rng.integers(0, 2**32, 400, dtype=np.uint64).astype(np.uint32)
+    bits[:4] = [0x7F7FFFFF, 0x00000001, 0x7F800000, 0x3F800000]
+    values = bits.view(np.float32)
+    for found in (0.0, 1.0):
+
+        def ours(s, found=found):
+            return ascend_harness.update_scale(
+                s,
+                jnp.zeros((1,), jnp.int32),
+                found,
+                growth_factor=gf,
+                backoff_factor=bf,
+                growth_interval=1,
+                rule="torch",
+                guard=True,
+            )[0]
+
+        got = np.asarray(jax.jit(jax.vmap(ours))(jnp.asarray(values)[:, None])).ravel()
+        want = []
+        for v in values:
+            s = torch.tensor([v])
+            torch._amp_update_scale_(
+                s, torch.zeros(1, dtype=torch.int32), torch.tensor([found]), gf, bf, 1
+            )
+            want.append(s.item())
+        want = np.asarray(want, np.float32)
+        nan = np.isnan(want)
+        np.testing.assert_array_equal(np.isnan(got), nan)
+        np.testing.assert_array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])

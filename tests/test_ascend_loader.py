@@ -21,11 +21,6 @@ from tests import ascend_harness
 from tests.cann_double import control
 
 
-@pytest.fixture(scope="module")
-def double(tmp_path_factory):
-    return control.shared(tmp_path_factory)
-
-
 @pytest.fixture(autouse=True)
 def _forget():
     yield
@@ -76,6 +71,8 @@ def test_math_library_is_preferred(double, monkeypatch):
         "opapi": f"{home}/lib64/libopapi_math.so",
         "nnopbase": f"{home}/lib64/libnnopbase.so",
         "ascendcl": f"{home}/lib64/libascendcl.so",
+        "opapi_nn": f"{home}/lib64/libopapi_nn.so",
+        "fused_pass_error": "",
     }
     _run_once()
     assert {e["lib"] for e in double.log() if e["ev"] in ("gws", "run")} == {"libopapi_math.so"}
@@ -102,9 +99,48 @@ def test_toolkit_home_is_searched(double, monkeypatch):
 
 
 def test_override_variable_wins(double, monkeypatch):
-    control.use(monkeypatch, double, "full")
+    control.use(monkeypatch, double, "legacy")
     path = str(double.root / "legacy" / "libopapi.so")
-    assert _load_in_subprocess(monkeypatch, JAX_AMP_SCALE_CANN_OPAPI=path)["opapi"] == path
+    got = _load_in_subprocess(monkeypatch, JAX_AMP_SCALE_CANN_OPAPI=path)
+    assert got["opapi"] == path and got["opapi_nn"] == path  # older CANN: one library
+    # The descriptors and the runtime come from the operator's own dependencies.
+    assert got["nnopbase"] == f"{double.home('legacy')}/lib64/libnnopbase.so"
+
+
+def test_mixed_installation_is_refused(double, monkeypatch):
+    # The issue's case: the operator from installation B, ASCEND_HOME_PATH = A.
+    # Descriptors made by A's libnnopbase.so must never reach B's operator.
+    control.use(monkeypatch, double, "full")
+    path = str(double.root / "full2" / "libopapi_math.so")
+    with pytest.raises(_ascend.CannLoadError) as info:
+        _load_in_subprocess(monkeypatch, JAX_AMP_SCALE_CANN_OPAPI=path)
+    msg = str(info.value)
+    assert "mixed CANN installation" in msg
+    assert str(double.root / "full2" / "libnnopbase.so") in msg
+    assert f"{double.home('full')}/lib64/libnnopbase.so" in msg
+
+
+_MAPS = """
+import json
+from jax_amp_scale.platforms import ascend as _ascend
+_ascend.load_cann()
+maps = open("/proc/self/maps").read()
+print(json.dumps(sorted({l.split()[-1] for l in maps.splitlines() if "libnnopbase" in l})))
+"""
+
+
+def test_one_copy_of_libnnopbase_is_mapped(double, monkeypatch):
+    control.use(monkeypatch, double, "full")
+    out = subprocess.run([sys.executable, "-c", _MAPS], capture_output=True, text=True, check=True)
+    (only,) = json.loads(out.stdout.strip().splitlines()[-1])
+    assert only == str(double.root / "full" / "libnnopbase.so")
+
+
+def test_fused_pass_missing_is_reported_not_fatal(double, monkeypatch):
+    control.use(monkeypatch, double, "no_nn")
+    got = _load_in_subprocess(monkeypatch)
+    assert got["opapi"].endswith("libopapi_math.so") and got["opapi_nn"] == ""
+    assert "aclnnForeachNonFiniteCheckAndUnscale not found" in got["fused_pass_error"]
 
 
 def test_override_without_the_symbols_names_them(double, monkeypatch):
@@ -155,7 +191,7 @@ def test_import_needs_no_cann():
     # The package and the Ascend module import without CANN; only a call loads it.
     import jax_amp_scale._native_ascend as mod
 
-    assert set(mod.registrations()) == {mod.UPDATE_SCALE_TARGET}
+    assert set(mod.registrations()) == {mod.UPDATE_SCALE_TARGET, mod.UNSCALE_AND_CHECK_TARGET}
 
 
 def test_test_only_code_is_not_in_the_package():

@@ -184,7 +184,10 @@ class TestNativeHandlerChecks:
         return jax.jit(lambda *a: jax.ffi.ffi_call("jas_update_scale", outs)(*a, **attrs))(*args)
 
     ATTRS: ClassVar[dict] = dict(
-        growth_factor=np.float64(2.0), backoff_factor=np.float64(0.5), growth_interval=np.int64(3)
+        growth_factor=np.float64(2.0),
+        backoff_factor=np.float64(0.5),
+        growth_interval=np.int64(3),
+        rule="torch",
     )
 
     def test_bad_interval_attribute(self):

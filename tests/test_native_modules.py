@@ -17,7 +17,7 @@ from jax_amp_scale.platforms import native
 MODULES = {
     "_native_cpu": {"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET"},
     "_native_cuda": {"UPDATE_SCALE_TARGET"},
-    "_native_ascend": {"UPDATE_SCALE_TARGET"},
+    "_native_ascend": {"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET"},
     "_native_plugin": None,  # the PJRT registrar hands out no capsule
 }
 

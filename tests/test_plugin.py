@@ -69,8 +69,9 @@ from jax_amp_scale.platforms import native, ascend as _ascend
 path = os.environ["FAKE_PJRT"]
 out = {}
 try:
-    out["route"] = plugin.register(platform="ascend", library_path=path)
-    out["again"] = plugin.register(platform="ascend", library_path=path)
+    # A fake plugin JAX did not load: the test double's escape hatch.
+    out["route"] = plugin.register(platform="ascend", library_path=path, unchecked_library=True)
+    out["again"] = plugin.register(platform="ascend", library_path=path, unchecked_library=True)
     out["platforms"] = sorted(native.platforms('update_scale'))
     import jax_amp_scale as jas
     out["available"] = jas.available_backends("ascend")
@@ -90,17 +91,23 @@ def test_newer_layout_registers_once_and_marks_the_platform(fake_plugin):
     assert "ascend" in out["platforms"]
     # Once registered, "auto" prefers the native operator on Ascend.
     assert out["available"] == ["reference", "ffi"] and out["auto"] == "ffi"
-    (line,) = out["log"]  # idempotent: the plugin was called once
-    layout, target, platform, version, _ = line.split()
-    assert (layout, target, platform, version) == ("typed", "jas_update_scale", "ascend", "-1")
+    # Idempotent: the plugin was called once per handler (Ascend registers
+    # the fused gradient pass too).
+    got = sorted(tuple(line.split()[:4]) for line in out["log"])
+    assert got == [
+        ("typed", "jas_unscale_and_check", "ascend", "-1"),
+        ("typed", "jas_update_scale", "ascend", "-1"),
+    ]
 
 
 def test_older_layout_with_api_version_is_detected(fake_plugin):
     out = _run(_FAKE, FAKE_PJRT=str(fake_plugin), FAKE_PJRT_MODE="versioned")
     assert out["route"] == "pjrt-versioned"
-    (line,) = out["log"]
-    layout, target, platform, version, _ = line.split()
-    assert (layout, target, platform, version) == ("versioned", "jas_update_scale", "ascend", "1")
+    got = sorted(tuple(line.split()[:4]) for line in out["log"])
+    assert got == [
+        ("versioned", "jas_unscale_and_check", "ascend", "1"),
+        ("versioned", "jas_update_scale", "ascend", "1"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -130,6 +137,40 @@ def test_a_library_that_is_not_a_pjrt_plugin(tmp_path):
         plugin.register(platform="ascend", library_path=tmp_path / "absent.so")
 
 
+_CHECKED = """
+import ctypes, json, os
+from jax_amp_scale import plugin
+from jax_amp_scale.platforms import native
+path = os.environ["FAKE_PJRT"]
+out = {}
+for platform in ("ascend", "cpu", "no_such_platform"):
+    try:
+        plugin.register(platform=platform, library_path=path)
+        out[platform] = "registered"
+    except plugin.PluginRegistrationError as e:
+        out[platform] = str(e)
+out["platforms"] = sorted(native.platforms("update_scale"))
+lib = ctypes.CDLL(path)
+lib.fake_pjrt_log.restype = ctypes.c_char_p
+out["log"] = lib.fake_pjrt_log().decode().splitlines()
+print(json.dumps(out))
+"""
+
+
+def test_a_library_jax_did_not_load_for_the_platform_is_refused(fake_plugin):
+    # The issue: any PJRT library was accepted for any platform (then
+    # native.platforms() listed it).  Without the escape hatch a library must
+    # be the plugin JAX loaded for that platform; JAX runs no 'ascend' plugin
+    # here, and 'cpu' is not a PJRT plugin at all.
+    out = _run(_CHECKED, FAKE_PJRT=str(fake_plugin), FAKE_PJRT_MODE="typed", JAX_PLATFORMS="cpu")
+    for platform in ("ascend", "cpu", "no_such_platform"):
+        msg = out[platform]
+        assert f"JAX has not loaded a PJRT plugin for {platform!r}" in msg, msg
+        assert "unchecked_library=True" in msg and str(fake_plugin) in msg
+    assert out["log"] == []  # the plugin was never asked
+    assert not {"ascend", "no_such_platform"} & set(out["platforms"])
+
+
 def test_unknown_platform_without_a_library_path():
     out = _run(
         """
@@ -152,7 +193,7 @@ def test_unknown_platform_without_a_library_path():
 def _cuda_plugin_path() -> Path | None:
     try:
         spec = importlib.util.find_spec("jax_plugins.xla_cuda12")
-    except ModuleNotFoundError:  # no jax_plugins namespace at all
+    except ModuleNotFoundError:  # no jax_plugins package at all
         return None
     if spec is None or spec.origin is None:
         return None
@@ -175,11 +216,16 @@ path = os.environ["CUDA_PLUGIN"]
 out = {}
 api = _native_plugin.api_from_library(path)
 out["extensions"] = _native_plugin.extensions(api)
-out["route"] = plugin.register(platform="ascend", library_path=path)
-out["again"] = plugin.register(platform="ascend", library_path=path)
+try:  # the CUDA plugin's library for "ascend": refused
+    plugin.register(platform="ascend", library_path=path)
+except plugin.PluginRegistrationError as e:
+    out["refused"] = str(e)
+# A real plugin binary used as a double on a platform JAX does not run.
+out["route"] = plugin.register(platform="ascend", library_path=path, unchecked_library=True)
+out["again"] = plugin.register(platform="ascend", library_path=path, unchecked_library=True)
 out["platforms"] = sorted(native.platforms('update_scale'))
 try:
-    plugin.register(platform="ascend", library_path=path,
+    plugin.register(platform="ascend", library_path=path, unchecked_library=True,
                     handler=_native_cpu.registrations()["jas_update_scale"])
 except plugin.PluginRegistrationError as e:
     out["conflict"] = str(e)
@@ -193,6 +239,11 @@ out["jax_loaded_same_api"] = (
 out["loaded_route"] = plugin.register(
     platform="cuda", registry_platform="ascend_via_cuda_test",
     handler=_native_cpu.registrations()["jas_update_scale"])
+# The same library by path, for the platform JAX loaded it for: accepted
+# (its GetPjrtApi() is the API JAX holds).
+out["by_path_route"] = plugin.register(
+    platform="cuda", library_path=path, registry_platform="cuda_by_path_test",
+    handler=_native_cpu.registrations()["jas_update_scale"])
 out["routes"] = plugin.registrations()
 print(json.dumps(out))
 """
@@ -202,12 +253,13 @@ print(json.dumps(out))
 def test_real_cuda_pjrt_plugin_registration():
     out = _run(_REAL, CUDA_PLUGIN=str(CUDA_PLUGIN), JAX_PLATFORMS="cpu")
     assert [5, 48] in out["extensions"]  # the FFI extension, with register_handler
+    assert "JAX has not loaded a PJRT plugin for 'ascend'" in out["refused"]
     assert out["route"] == "pjrt" and out["again"] == "pjrt"
     assert "ascend" in out["platforms"]
     assert "conflicting registration" in out["conflict"]
     assert "'jas_update_scale'" in out["conflict"] and "'ascend'" in out["conflict"]
     assert out["jax_loaded_same_api"] is True
-    assert out["loaded_route"] == "pjrt"
+    assert out["loaded_route"] == "pjrt" and out["by_path_route"] == "pjrt"
     assert out["routes"] == {"ascend": "pjrt", "cuda": "pjrt"}
 
 
@@ -262,7 +314,8 @@ def test_jax_ffi_route_when_the_plugin_python_side_forwards():
         JAX_PLATFORMS="cpu",
     )
     assert out["route"] == "jax.ffi" and out["again"] == "jax.ffi"
-    assert out["seen"] == ["jas_update_scale"]  # once: registration is idempotent
+    # once each: registration is idempotent
+    assert out["seen"] == ["jas_unscale_and_check", "jas_update_scale"]
     assert "forwarding_test" in out["platforms"]
 
 

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover
 
 _HINTS = {
     registry.UPDATE_SCALE: "register one with jax_amp_scale.plugin.register(platform=...)",
-    registry.UNSCALE_AND_CHECK: "the fused pass has a native handler on CPU only",
+    registry.UNSCALE_AND_CHECK: "the fused pass has native handlers on CPU and Ascend",
 }
 _WHAT = {registry.UPDATE_SCALE: "", registry.UNSCALE_AND_CHECK: "fused unscale-and-check "}
 
@@ -102,12 +102,18 @@ def unavailable(op: str, tree: Any) -> Any:
 
 
 def per_platform(
-    native: Callable[..., Any], other: Callable[..., Any], *args: Any, native_on: Iterable[str]
+    native: Callable[..., Any],
+    other: Callable[..., Any],
+    *args: Any,
+    native_on: Iterable[str],
+    overrides: Mapping[str, Callable[..., Any]] | None = None,
 ) -> Any:
-    """``native(*args)`` when lowering for a platform in `native_on`, else ``other(*args)``."""
+    """``native(*args)`` when lowering for a platform in `native_on` (or that
+    platform's entry in `overrides`), else ``other(*args)``."""
     # Every branch must return the same type, varying axes included.
     args = vary_like(args, args)
-    branches = {p: native for p in sorted(native_on)}
+    overrides = overrides or {}
+    branches = {p: overrides.get(p, native) for p in sorted(native_on)}
     return jax.lax.platform_dependent(*args, default=other, **branches)
 
 

@@ -28,6 +28,8 @@ from jax_amp_scale.lowering.custom_call import (
     with_reference_rules,
 )
 from jax_amp_scale.platforms import registry
+from jax_amp_scale.reference.gradient_pass import leaf_finite
+from jax_amp_scale.state.validation import nonzero_bits
 
 Pass = Callable[[jax.Array, list[jax.Array]], tuple[jax.Array, list[jax.Array]]]
 
@@ -71,6 +73,75 @@ def _calls(target: str) -> Pass:
     return run
 
 
+# dtypes aclnnForeachNonFiniteCheckAndUnscale takes (hicann/ops-nn
+# foreach/foreach_non_finite_check_and_unscale/op_host/
+# foreach_non_finite_check_and_unscale_def.cpp).
+_CANN_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+def cann_one_call(
+    target: str, inv: jax.Array, leaves: list[jax.Array]
+) -> tuple[jax.Array, list[jax.Array]]:
+    """One call of the CANN fused pass on leaves of one dtype, in place.
+
+    found starts as a float32 zero the result aliases: the kernel only ever
+    sets it to 1.0, and the handler's launches (256 leaves each) OR into it.
+    """
+    results = [jax.ShapeDtypeStruct((1,), jnp.float32)]
+    results += [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
+    aliases = {1: 0, **{k + 2: k + 1 for k in range(len(leaves))}}
+    call = jax.ffi.ffi_call(target, tuple(results), input_output_aliases=aliases)
+    found, *outs = call(inv.reshape((1,)), jnp.zeros((1,), jnp.float32), *leaves)
+    return nonzero_bits(found)[0], outs
+
+
+def cann_fused_pass(target: str, reference: Pass) -> Pass:
+    """The fused pass as the CANN operator takes it: one dtype per call,
+    float64 and empty leaves through `reference` (the operator takes neither)."""
+
+    def run(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
+        outs: list[jax.Array | None] = [None] * len(leaves)
+        flags: list[jax.Array] = []
+        outside = [
+            k for k, x in enumerate(leaves) if x.size == 0 or jnp.dtype(x.dtype) not in _CANN_DTYPES
+        ]
+        if outside:
+            found, done = reference(inv, [leaves[k] for k in outside])
+            flags.append(found)
+            for k, y in zip(outside, done, strict=True):
+                outs[k] = y
+        for dtype in _CANN_DTYPES:
+            idx = [k for k, x in enumerate(leaves) if outs[k] is None and x.dtype == dtype]
+            for start in range(0, len(idx), LEAVES_PER_CALL):
+                part = idx[start : start + LEAVES_PER_CALL]
+                found, done = cann_one_call(target, inv, [leaves[k] for k in part])
+                flags.append(found)
+                for k, y in zip(part, done, strict=True):
+                    outs[k] = y
+        # The kernel checks the scaled *input* (n_d.h:187-209); the library's
+        # flag is about the unscaled value.  They differ only when a finite
+        # input overflows once unscaled, which needs |inv| > 1 (a scale
+        # below 1) or a NaN inv: only then, rarely, the outputs are checked.
+        inv_bits = jax.lax.bitcast_convert_type(inv.astype(jnp.float32), jnp.uint32)
+        may_overflow = (inv_bits & jnp.uint32(0x7FFFFFFF)) > jnp.uint32(0x3F800000)
+        natives = [y for k, y in enumerate(outs) if k not in outside]
+        if natives:
+            flags.append(
+                jax.lax.cond(
+                    may_overflow.reshape(()),
+                    lambda ys: jnp.logical_not(jnp.all(jnp.stack([leaf_finite(y) for y in ys]))),
+                    lambda ys: jnp.array(False),
+                    natives,
+                )
+            )
+        found = flags[0]
+        for f in flags[1:]:
+            found = jnp.logical_or(found, f)
+        return vary_like((found, outs), inv, leaves)  # type: ignore[no-any-return]
+
+    return run
+
+
 def unscale_and_check_native(
     inv: jax.Array,
     leaves: list[jax.Array],
@@ -79,6 +150,7 @@ def unscale_and_check_native(
     native_on: Iterable[str],
     reference: Pass,
     strict: bool,
+    cann_platforms: Iterable[str] = (),
 ) -> tuple[jax.Array, list[jax.Array]]:
     """``(found_inf, unscaled_leaves)`` through the native pass on `native_on`.
 
@@ -91,6 +163,8 @@ def unscale_and_check_native(
         the vmap and jvp rules, and runs on the other platforms.
       strict: on the other platforms fail at lowering (``backend="ffi"``)
         rather than run `reference` (``"auto"``).
+      cann_platforms: platforms of `native_on` whose handler is CANN's
+        ``aclnnForeachNonFiniteCheckAndUnscale`` (its calling convention).
     """
 
     def other(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
@@ -98,4 +172,8 @@ def unscale_and_check_native(
         return unavailable(registry.UNSCALE_AND_CHECK, out) if strict else out
 
     native = with_reference_rules(_calls(target), reference)
-    return per_platform(native, other, inv, leaves, native_on=native_on)  # type: ignore[no-any-return]
+    cann = with_reference_rules(cann_fused_pass(target, reference), reference)
+    overrides = {p: cann for p in native_on if p in frozenset(cann_platforms)}
+    return per_platform(  # type: ignore[no-any-return]
+        native, other, inv, leaves, native_on=native_on, overrides=overrides
+    )

@@ -28,6 +28,7 @@ def unscale_and_check_leaves(
         native_on=plan.platforms,
         reference=reference_pass,
         strict=plan.mode == "strict",
+        cann_platforms=plan.cann_platforms,
     )
 
 

@@ -12,7 +12,14 @@ import jax.numpy as jnp
 from jax_amp_scale.dispatch import backends
 from jax_amp_scale.lowering.update_scale import update_scale_native
 from jax_amp_scale.reference.update_scale import update_scale_reference
-from jax_amp_scale.state.scale_state import ScaleState, check_factor, check_growth_interval
+from jax_amp_scale.state.scale_state import (
+    DEFAULT_RULE,
+    ScaleState,
+    check_factor,
+    check_growth_interval,
+    check_rule,
+    check_rule_factor,
+)
 from jax_amp_scale.state.validation import (
     Backend,
     check_backend,
@@ -39,6 +46,7 @@ def amp_update_scale(
     growth_interval: int,
     backend: Backend = "auto",
     axis_name: Hashable | None = None,
+    rule: str = DEFAULT_RULE,
 ) -> tuple[jax.Array, jax.Array]:
     """One dynamic loss-scale update, with the arguments of ``aclnnAmpUpdateScale``.
 
@@ -56,19 +64,23 @@ def amp_update_scale(
       axis_name: optional mapped axis name, or tuple of names, of
         ``shard_map``/``pmap``/``vmap``; found_inf is OR-reduced across it so
         every replica takes one decision.
+      rule: ``"torch"`` (default: torch's float64 product) or ``"cann"``
+        (CANN's float32 kernel plus the guard); see `ScaleState`.  Every
+        backend gives the chosen rule's bits.
 
     Returns:
       ``(updated_scale, updated_growth_tracker)``, shapes and dtypes of the inputs.
       The state is not differentiable: gradients through it are zero.
     """
     chosen = check_backend(backend)
-    gf = check_factor(growth_factor, "growth_factor")
-    bf = check_factor(backoff_factor, "backoff_factor")
+    rule = check_rule(rule)
+    gf = check_rule_factor(check_factor(growth_factor, "growth_factor"), rule, "growth_factor")
+    bf = check_rule_factor(check_factor(backoff_factor, "backoff_factor"), rule, "backoff_factor")
     gi = check_growth_interval(growth_interval)
     scale = check_scale(current_scale, "current_scale")
     tracker = check_tracker(growth_tracker, tuple(scale.shape), "growth_tracker")
     found = found_to_bool(found_inf, tuple(scale.shape))
-    return update_scale_checked(scale, tracker, found, gf, bf, gi, chosen, axis_name)
+    return update_scale_checked(scale, tracker, found, gf, bf, gi, chosen, axis_name, rule)
 
 
 def update_scale_checked(
@@ -80,6 +92,7 @@ def update_scale_checked(
     growth_interval: int,
     backend: str,
     axis_name: Hashable | None = None,
+    rule: str = DEFAULT_RULE,
 ) -> tuple[jax.Array, jax.Array]:
     """`amp_update_scale` on inputs already checked (`found` a bool array)."""
     # The state carries no gradient; stopping it here also means the custom
@@ -87,9 +100,12 @@ def update_scale_checked(
     scale, tracker, found = (jax.lax.stop_gradient(x) for x in (scale, tracker, found))
     found = or_across(found, axis_name)
     attrs: dict[str, Any] = dict(
-        growth_factor=growth_factor, backoff_factor=backoff_factor, growth_interval=growth_interval
+        growth_factor=growth_factor,
+        backoff_factor=backoff_factor,
+        growth_interval=growth_interval,
+        rule=rule,
     )
-    plan = backends.plan(backends.UPDATE_SCALE, backend, [scale, tracker, found])
+    plan = backends.plan(backends.UPDATE_SCALE, backend, [scale, tracker, found], attrs)
     if plan.mode == "reference":
         return update_scale_reference(scale, tracker, found, **attrs)
 
@@ -103,6 +119,7 @@ def update_scale_checked(
         target=plan.target,
         native_on=plan.platforms,
         fallback=reference if plan.mode == "native" else None,
+        guarded=plan.cann_platforms,
         **attrs,
     )
 
@@ -142,5 +159,6 @@ def update_scale(
         growth_interval=state.growth_interval,
         backend=backend,
         axis_name=axis_name,
+        rule=state.rule,
     )
     return dataclasses.replace(state, scale=scale, growth_tracker=tracker)

@@ -1,6 +1,7 @@
 """Ascend glue: load CANN early and hand out the handler.
 
-The Ascend handler (``ffi/ascend.cc``) calls ``aclnnAmpUpdateScale`` through
+The Ascend handlers (``ffi/ascend.cc``) call ``aclnnAmpUpdateScale`` and
+``aclnnForeachNonFiniteCheckAndUnscale`` through
 CANN libraries it loads at run time; nothing from CANN is needed to build or
 import this package.  `load_cann` loads them now and raises `CannLoadError`
 listing every path tried when one is missing.
@@ -43,7 +44,9 @@ def load_cann() -> dict[str, str]:
         raise CannLoadError(str(e)) from None
 
 
-def handler_capsule() -> Any:
-    """The production XLA FFI handler (binds ``PlatformStream<aclrtStream>``)."""
+def handler_capsule(op: str = registry.UPDATE_SCALE) -> Any:
+    """The production XLA FFI handler of `op` (binds ``PlatformStream<aclrtStream>``):
+    ``aclnnAmpUpdateScale`` for update-scale, ``aclnnForeachNonFiniteCheckAndUnscale``
+    for the fused gradient pass."""
     mod = native()
-    return mod.registrations()[registry.module_targets(mod)[registry.UPDATE_SCALE]]
+    return mod.registrations()[registry.module_targets(mod)[op]]

@@ -1,4 +1,4 @@
-"""Register the update-scale handler on a PJRT plugin platform (Ascend, CUDA).
+"""Register the native handlers on a PJRT plugin platform (Ascend, CUDA).
 
 JAX runs accelerators other than CPU/GPU/TPU through PJRT plugins.  A
 plugin's Python side may forward ``jax.ffi.register_ffi_target(...,
@@ -60,7 +60,7 @@ def _capsule_pointer(capsule: Any, name: bytes | None) -> int:
     return int(get(capsule, name))
 
 
-def _default_handler(platform: str) -> Any:
+def _default_handler(platform: str, op: str = registry.UPDATE_SCALE) -> Any:
     if platform in ("cuda", "gpu"):
         try:
             mod = importlib.import_module("jax_amp_scale._native_cuda")
@@ -72,7 +72,7 @@ def _default_handler(platform: str) -> Any:
         return mod.registrations()[registry.module_targets(mod)[registry.UPDATE_SCALE]]
     from jax_amp_scale.platforms import ascend
 
-    return ascend.handler_capsule()
+    return ascend.handler_capsule(op)
 
 
 def _backend_factories(discover: bool = True) -> dict[str, Any]:
@@ -98,6 +98,36 @@ def loaded_plugin_api(platform: str) -> int:
     return _capsule_pointer(c_api, b"pjrt_c_api")
 
 
+def _check_is_loaded_plugin(platform: str, path: str, api: int) -> None:
+    """Raises unless `path`'s PJRT API is the one JAX loaded for `platform`.
+
+    ``GetPjrtApi()`` returns one static table per loaded library, and
+    dlopen of a library already loaded returns that library: the same file
+    gives the same address, another file (another plugin, another copy)
+    another one.
+    """
+    try:
+        loaded = loaded_plugin_api(platform)
+    except PluginRegistrationError:
+        plugins = sorted(
+            n for n, f in _backend_factories().items() if getattr(f, "c_api", None) is not None
+        )
+        raise PluginRegistrationError(
+            f"cannot register on platform {platform!r} through {path}: JAX has not "
+            f"loaded a PJRT plugin for {platform!r} (PJRT plugins loaded: "
+            f"{plugins or 'none'}), so a handler registered there would never run. "
+            "Install and select the platform's plugin (JAX_PLATFORMS), or pass "
+            "unchecked_library=True for a test double"
+        ) from None
+    if loaded != api:
+        raise PluginRegistrationError(
+            f"{path} is not the PJRT plugin JAX loaded for platform {platform!r} "
+            f"(its PJRT API is at 0x{api:x}, JAX's at 0x{loaded:x}); registering in "
+            "it would not reach that platform. Omit library_path= to use the "
+            "loaded plugin"
+        )
+
+
 def _python_side_forwards(registry_platform: str) -> bool:
     try:
         from jax._src.lib import xla_client
@@ -113,6 +143,7 @@ def register(
     registry_platform: str | None = None,
     handler: Any = None,
     target: str | None = None,
+    unchecked_library: bool = False,
     _api: int | None = None,
 ) -> str:
     """Registers the update-scale handler on the PJRT plugin platform `platform`.
@@ -121,13 +152,23 @@ def register(
       platform: the JAX platform name of the plugin (``"ascend"`` for the
         Ascend plugin; ``"cuda"`` for the jax CUDA plugin).
       library_path: the plugin's shared library.  Default: the library JAX
-        loaded for `platform` (JAX must have discovered the plugin).
+        loaded for `platform` (JAX must have discovered the plugin).  A path
+        must be that same library (its ``GetPjrtApi()`` must return the API
+        JAX loaded for `platform`): a handler registered in another plugin,
+        or under a platform JAX does not run, would never be called, or
+        would be called for the wrong device.
       registry_platform: the platform name inside the plugin's FFI registry
         (default: ``"CUDA"`` for cuda, else `platform`).
       handler: an XLA FFI handler capsule (default: the Ascend handler, or the
         CUDA one for cuda).
       target: the custom-call target name (default: the update-scale
-        target, ``"jas_update_scale"``).
+        target, ``"jas_update_scale"``; on Ascend, with the default handler,
+        the fused gradient pass ``"jas_unscale_and_check"`` is registered
+        too).
+      unchecked_library: skip the check that `library_path` is the plugin
+        JAX loaded for `platform`.  For test doubles (a fake PJRT library, a
+        plugin binary used on a machine JAX does not run it on); never
+        needed with a real plugin.
 
     Returns:
       The route used: ``"jax.ffi"``, ``"pjrt"`` (C API, newer argument
@@ -140,10 +181,21 @@ def register(
     handler was already registered here for the same target and platform.
     """
     platform = str(platform).lower()
-    update_target = registry.module_targets(importlib.import_module("jax_amp_scale._native_cpu"))[
-        registry.UPDATE_SCALE
-    ]
+    targets = registry.module_targets(importlib.import_module("jax_amp_scale._native_cpu"))
+    update_target = targets[registry.UPDATE_SCALE]
+    if handler is None and target is None and platform not in ("cuda", "gpu"):
+        # Ascend: the fused gradient pass too (aclnnForeachNonFiniteCheckAndUnscale).
+        register(
+            platform,
+            library_path,
+            registry_platform=registry_platform,
+            handler=_default_handler(platform, registry.UNSCALE_AND_CHECK),
+            target=targets[registry.UNSCALE_AND_CHECK],
+            unchecked_library=unchecked_library,
+            _api=_api,
+        )
     target = update_target if target is None else str(target)
+    op = {v: k for k, v in targets.items()}.get(target)
     reg_platform = registry_platform or _REGISTRY_PLATFORM.get(platform, platform)
     capsule = handler if handler is not None else _default_handler(platform)
     handler_address = _capsule_pointer(capsule, None)
@@ -159,6 +211,8 @@ def register(
                     api = _api
                 elif library_path is not None:
                     api = native.api_from_library(os.fspath(library_path))
+                    if not unchecked_library:
+                        _check_is_loaded_plugin(platform, os.fspath(library_path), api)
                 else:
                     api = loaded_plugin_api(platform)
             except RuntimeError as e:
@@ -173,8 +227,8 @@ def register(
                     f"{reg_platform!r} already has another handler (0x{previous:x}) "
                     f"in this plugin; not replacing it with 0x{handler_address:x}"
                 )
-            if target == update_target:
-                registry.mark_registered(registry.UPDATE_SCALE, platform)
+            if op is not None:
+                registry.mark_registered(op, platform)
             return _routes[platform]
         if route == "jax.ffi":
             import jax
@@ -188,8 +242,8 @@ def register(
             route = "pjrt" if layout == "typed" else "pjrt-versioned"
         _done[key] = handler_address
         _routes[platform] = route
-    if target == update_target:
-        registry.mark_registered(registry.UPDATE_SCALE, platform)
+    if op is not None:
+        registry.mark_registered(op, platform)
     return route
 
 

@@ -14,12 +14,15 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jax_amp_scale.reference.cann_rule import cann_product
 from jax_amp_scale.reference.exact_product import FORMATS, mul_by_factor
 
 
 # Jitted so that an eager (un-jitted) call runs as one compiled kernel instead
 # of ~150 dispatched integer ops; inside an outer jit it is simply inlined.
-@functools.partial(jax.jit, static_argnames=("growth_factor", "backoff_factor", "growth_interval"))
+@functools.partial(
+    jax.jit, static_argnames=("growth_factor", "backoff_factor", "growth_interval", "rule")
+)
 def update_scale_reference(
     scale: jax.Array,
     growth_tracker: jax.Array,
@@ -28,6 +31,7 @@ def update_scale_reference(
     growth_factor: float,
     backoff_factor: float,
     growth_interval: int,
+    rule: str = "torch",
 ) -> tuple[jax.Array, jax.Array]:
     """One step of the rule, elementwise.
 
@@ -36,15 +40,21 @@ def update_scale_reference(
       growth_tracker: int32 array of the same shape.
       found: bool array of the same shape (True: overflow on this step).
       growth_factor, backoff_factor, growth_interval: validated Python numbers.
+      rule: ``"torch"`` (float64 product, above) or ``"cann"`` (CANN's
+        float32 kernel plus the guard: `cann_rule.cann_product`).
 
     Returns:
       ``(updated_scale, updated_growth_tracker)`` with the input shapes/dtypes.
     """
     fm = FORMATS[jnp.dtype(scale.dtype)]
     bits = jax.lax.bitcast_convert_type(scale, fm.bits_dtype)
-    backed_off = mul_by_factor(bits, scale.dtype, backoff_factor)
-    grown = mul_by_factor(bits, scale.dtype, growth_factor)
-    grown_finite = (grown & fm.inf_bits) != fm.inf_bits
+    if rule == "cann":
+        backed_off, _ = cann_product(bits, scale.dtype, backoff_factor)
+        grown, grown_finite = cann_product(bits, scale.dtype, growth_factor)
+    else:
+        backed_off = mul_by_factor(bits, scale.dtype, backoff_factor)
+        grown = mul_by_factor(bits, scale.dtype, growth_factor)
+        grown_finite = (grown & fm.inf_bits) != fm.inf_bits
 
     # int32 addition wraps in XLA (two's complement), as the spec requires.
     successful = growth_tracker + jnp.int32(1)

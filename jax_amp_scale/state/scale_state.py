@@ -21,6 +21,14 @@ DEFAULT_GROWTH_FACTOR = 2.0
 DEFAULT_BACKOFF_FACTOR = 0.5
 DEFAULT_GROWTH_INTERVAL = 2000
 
+# Which published kernel's arithmetic a state follows (README "Ascend and
+# PJRT plugins"): torch's _amp_update_scale_ (float64 product, the default:
+# a torch port gets torch's bits) or CANN's aclnnAmpUpdateScale (float32
+# factors and product, finiteness tested on the float32 product; plus the
+# library's guard against an infinite stored scale).
+RULES: tuple[str, ...] = ("torch", "cann")
+DEFAULT_RULE = "torch"
+
 
 @dataclasses.dataclass(frozen=True)
 class ScaleState:
@@ -35,6 +43,14 @@ class ScaleState:
       growth_factor: multiplier applied every ``growth_interval`` finite steps.
       backoff_factor: multiplier applied on a step with non-finite gradients.
       growth_interval: finite steps between growths, in [1, 2**31 - 1].
+      rule: ``"torch"`` (default) or ``"cann"``: whose arithmetic
+        ``scale * factor`` follows.  ``"torch"``: the exact product rounded
+        to float64, then to the scale's dtype (``torch._amp_update_scale_``).
+        ``"cann"``: factors rounded to float32, the scale widened to float32,
+        a float32 product, growth refused when it is not finite or when the
+        value stored in the scale's dtype is infinite (CANN's
+        ``aclnnAmpUpdateScale`` plus that guard).  Both give the same bits
+        for power-of-two factors (the defaults 2.0 and 0.5).
 
     The rule, per step (``found_inf`` nonzero or NaN means overflow)::
 
@@ -55,6 +71,7 @@ class ScaleState:
     growth_factor: float = DEFAULT_GROWTH_FACTOR
     backoff_factor: float = DEFAULT_BACKOFF_FACTOR
     growth_interval: int = DEFAULT_GROWTH_INTERVAL
+    rule: str = DEFAULT_RULE
 
 
 # Leaves and static fields are declared once, here; jmp's hand-written
@@ -62,7 +79,7 @@ class ScaleState:
 jax.tree_util.register_dataclass(
     ScaleState,
     data_fields=["scale", "growth_tracker"],
-    meta_fields=["growth_factor", "backoff_factor", "growth_interval"],
+    meta_fields=["growth_factor", "backoff_factor", "growth_interval", "rule"],
 )
 
 
@@ -107,6 +124,27 @@ def check_growth_interval(value: Any, name: str = "growth_interval") -> int:
     return out
 
 
+def check_rule(value: Any, name: str = "rule") -> str:
+    """Returns `value` if it is one of `RULES`, or raises naming `name`."""
+    if not isinstance(value, str) or value not in RULES:
+        raise ValueError(f"{name} must be one of {RULES}, got {value!r}")
+    return value
+
+
+def check_rule_factor(value: float, rule: str, name: str) -> float:
+    """`value` (a checked factor) if `rule` can use it: under ``"cann"`` it
+    is rounded to float32, which must stay finite and nonzero."""
+    if rule == "cann":
+        with np.errstate(over="ignore", under="ignore"):
+            f32 = np.float32(value)
+        if not (np.isfinite(f32) and f32 > 0):
+            raise ValueError(
+                f"{name}={value!r} is {float(f32)} in float32; rule='cann' multiplies "
+                "by float32 factors, which must be finite and nonzero"
+            )
+    return value
+
+
 def check_scale_dtype(dtype: Any, name: str = "dtype") -> np.dtype:
     try:
         dt = jnp.dtype(dtype)
@@ -124,6 +162,7 @@ def init_scale_state(
     growth_interval: int = DEFAULT_GROWTH_INTERVAL,
     dtype: Any = jnp.float32,
     shape: tuple[int, ...] = (),
+    rule: str = DEFAULT_RULE,
 ) -> ScaleState:
     """Creates a `ScaleState` with tracker 0.
 
@@ -134,10 +173,12 @@ def init_scale_state(
       growth_interval: integer in [1, 2**31 - 1].
       dtype: float32, float16 or bfloat16 (the Ascend operator's dtypes).
       shape: ``()`` or ``(1,)`` (the Ascend operator uses ``(1,)``).
+      rule: ``"torch"`` (default) or ``"cann"``; see `ScaleState`.
 
     Defaults equal torch's ``GradScaler`` (2**16, 2.0, 0.5, 2000).
     """
     dt = check_scale_dtype(dtype)
+    rule = check_rule(rule)
     init = check_factor(init_scale, "init_scale")
     shape = tuple(shape)
     if shape not in ((), (1,)):
@@ -151,7 +192,12 @@ def init_scale_state(
     return ScaleState(
         scale=jnp.full(shape, init, dtype=dt),
         growth_tracker=jnp.zeros(shape, dtype=jnp.int32),
-        growth_factor=check_factor(growth_factor, "growth_factor"),
-        backoff_factor=check_factor(backoff_factor, "backoff_factor"),
+        growth_factor=check_rule_factor(
+            check_factor(growth_factor, "growth_factor"), rule, "growth_factor"
+        ),
+        backoff_factor=check_rule_factor(
+            check_factor(backoff_factor, "backoff_factor"), rule, "backoff_factor"
+        ),
         growth_interval=check_growth_interval(growth_interval),
+        rule=rule,
     )

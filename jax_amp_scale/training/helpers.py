@@ -206,8 +206,9 @@ def unscale_and_check(
       tree: gradients of the scaled loss (any pytree, mixed dtypes).
       state: where the scale lives (see the module docstring).
       backend: ``"reference"``: pure JAX, one unscale and one check per leaf.
-        ``"ffi"``: the native pass over all floating leaves (CPU; an error
-        at lowering time elsewhere).  ``"auto"`` (default): the native call
+        ``"ffi"``: the native pass over all floating leaves (CPU, and
+        ``aclnnForeachNonFiniteCheckAndUnscale`` on Ascend; an error at
+        lowering time elsewhere).  ``"auto"`` (default): the native call
         on CPU when this process has one device and no leaf is sharded
         explicitly, the reference otherwise (a custom call cannot be
         partitioned over devices).  Both give the same bits.

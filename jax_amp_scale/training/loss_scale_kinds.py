@@ -27,6 +27,7 @@ from jax_amp_scale.state.scale_state import (
     DEFAULT_GROWTH_FACTOR,
     DEFAULT_GROWTH_INTERVAL,
     DEFAULT_INIT_SCALE,
+    DEFAULT_RULE,
     INT32_MAX,
     ScaleState,
     check_factor,
@@ -257,19 +258,26 @@ def dynamic_scale(
     hysteresis: int = 1,
     dtype: Any = jnp.float32,
     shape: tuple[int, ...] = (),
+    rule: str = DEFAULT_RULE,
 ) -> DynamicScale:
     """A `DynamicScale`; defaults equal torch's ``GradScaler`` (2**16, 2.0, 0.5, 2000).
 
     Args:
-      init_scale, growth_factor, backoff_factor, growth_interval, dtype, shape:
-        as in `init_scale_state`.
+      init_scale, growth_factor, backoff_factor, growth_interval, dtype, shape,
+        rule: as in `init_scale_state` (``rule="cann"``: CANN's arithmetic).
       min_scale, max_scale: optional bounds (finite, > 0, ``min <= init <=
         max``): the scale never leaves ``[min_scale, max_scale]``.
       hysteresis: overflows tolerated in a row (int >= 1) before backing off,
         as DeepSpeed/Megatron; every overflow step is still skipped.
     """
     state = init_scale_state(
-        init_scale, growth_factor, backoff_factor, growth_interval, dtype=dtype, shape=shape
+        init_scale,
+        growth_factor,
+        backoff_factor,
+        growth_interval,
+        dtype=dtype,
+        shape=shape,
+        rule=rule,
     )
     # Legal for the operator (the spec allows any positive factor), but a
     # training scale that grows on overflow or shrinks on success is a typo.

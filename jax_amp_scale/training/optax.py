@@ -355,7 +355,7 @@ def loss_scaled(
         all replicas skip together and keep equal scales.
       backend: the core `update_scale` backend (``"auto"``, ``"reference"``,
         ``"ffi"``).  `unscale_and_check` runs with ``"auto"`` (the native
-        fused pass on a one-device CPU process), or ``"reference"`` when
+        fused pass on a one-device CPU process and on Ascend), or ``"reference"`` when
         `backend` is ``"reference"``.
 
     ``update(grads, state, params=None, **extra_args)`` expects the gradients
@@ -388,7 +388,8 @@ def loss_scaled(
         max_norm = helpers.check_max_norm(clip_grad_norm, "clip_grad_norm")
     backend = check_backend(backend)  # type: ignore[assignment]
     # "ffi" asks for the native update-scale operator (Ascend's, say); the
-    # fused gradient pass exists on CPU only, so it stays "auto" there.
+    # fused gradient pass stays "auto" (native on CPU and Ascend, the
+    # reference elsewhere) so that "ffi" never fails for it.
     unscale_backend: Backend = "reference" if backend == "reference" else "auto"
     inner = optax.with_extra_args_support(inner)
     dynamic = isinstance(kind, loss_scale_kinds.DynamicScale)

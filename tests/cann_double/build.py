@@ -4,10 +4,17 @@ Layout of one build (``build(out_dir)``):
 
     out_dir/core/      libcann_double.so: the one copy of the double's state,
                        which every library below links (absolute rpath)
-    out_dir/full/      libascendcl.so libnnopbase.so libopapi_math.so libopapi.so
-    out_dir/legacy/    the same without libopapi_math.so (older CANN)
-    out_dir/no_op/     libopapi_math.so without the operator, libopapi.so with
+    out_dir/full/      libascendcl.so libnnopbase.so, libopapi_math.so
+                       (aclnnAmpUpdateScale), libopapi_nn.so
+                       (aclnnForeachNonFiniteCheckAndUnscale), libopapi.so (both)
+    out_dir/full2/     the same again: a second installation (mixed-install tests)
+    out_dir/legacy/    only libopapi.so (both operators) besides the two (older CANN)
+    out_dir/no_op/     libopapi_math.so without the operator, libopapi.so with both
+    out_dir/no_nn/     libopapi_math.so only: no fused operator
     out_dir/missing/   only libascendcl.so and libnnopbase.so
+
+As in CANN, each operator library depends on the libnnopbase.so and
+libascendcl.so of its own directory (DT_NEEDED, rpath $ORIGIN).
 
 With JAS_SANITIZE=ON in the environment the double is built with
 AddressSanitizer too (run Python with libasan preloaded).
@@ -62,21 +69,31 @@ def build(out_dir: Path) -> Path:
     core = (out_dir / "core").resolve()
     core.mkdir(parents=True, exist_ok=True)
     _so(cc, core / "libcann_double.so", "cann_double.c")
-    for variant in ("full", "legacy", "no_op", "missing"):
-        d = out_dir / variant
+    ops = {
+        "full": {"libopapi_math.so": "M", "libopapi_nn.so": "N", "libopapi.so": "MN"},
+        "full2": {"libopapi_math.so": "M", "libopapi_nn.so": "N", "libopapi.so": "MN"},
+        "legacy": {"libopapi.so": "MN"},
+        "no_op": {"libopapi_math.so": "", "libopapi.so": "MN"},
+        "no_nn": {"libopapi_math.so": "M"},
+        "missing": {},
+    }
+    for variant, libs in ops.items():
+        d = (out_dir / variant).resolve()
         d.mkdir(parents=True, exist_ok=True)
         _so(cc, d / "libascendcl.so", "ascendcl.c", "-Wl,-soname,libascendcl.so", core=core)
         _so(cc, d / "libnnopbase.so", "nnopbase.c", "-Wl,-soname,libnnopbase.so", core=core)
-        math = ['-DCD_LIBNAME="libopapi_math.so"', "-Wl,-soname,libopapi_math.so"]
-        legacy = ['-DCD_LIBNAME="libopapi.so"', "-Wl,-soname,libopapi.so"]
-        if variant == "full":
-            _so(cc, d / "libopapi_math.so", "opapi.c", *math, core=core)
-            _so(cc, d / "libopapi.so", "opapi.c", *legacy, core=core)
-        elif variant == "legacy":
-            _so(cc, d / "libopapi.so", "opapi.c", *legacy, core=core)
-        elif variant == "no_op":
-            _so(cc, d / "libopapi_math.so", "opapi.c", "-DCD_NO_OP", *math, core=core)
-            _so(cc, d / "libopapi.so", "opapi.c", *legacy, core=core)
+        for name, which in libs.items():
+            flags = [f'-DCD_LIBNAME="{name}"', f"-Wl,-soname,{name}"]
+            flags += ["-DCD_MATH"] if "M" in which else []
+            flags += ["-DCD_NN"] if "N" in which else []
+            deps = [
+                "-Wl,--no-as-needed",
+                f"-L{d}",
+                "-lnnopbase",
+                "-lascendcl",
+                "-Wl,-rpath,$ORIGIN",
+            ]
+            _so(cc, d / name, "opapi.c", *flags, *deps, core=core)
     return out_dir
 
 

@@ -1,10 +1,8 @@
 /* Core of the CANN test double (see cann_double.h).
  *
- * It implements aclnnAmpUpdateScale's rule on host memory, on its own (it
- * does not share code with ffi/update_scale.h): scale * factor is one IEEE
- * double multiplication (exact product rounded to float64, as torch does),
- * then narrowed to the scale dtype: float32 by a C cast, float16 through the
- * compiler's _Float16, bfloat16 by rounding in double arithmetic.  Every call
+ * It implements aclnnAmpUpdateScale on host memory as CANN's published
+ * kernel computes it (see "the operator's rule" below, cited by file:line),
+ * on its own: it shares no code with ffi/update_scale.h.  Every call
  * is checked the way the operator documents (dtypes, shapes, format,
  * attribute range, two-phase order) and recorded as one JSON line.  Tests
  * drive it through the exported cd_* control functions (ctypes). */
@@ -22,7 +20,7 @@
 #define EXPORT __attribute__((visibility("default")))
 
 enum { ACL_FLOAT = 0, ACL_FLOAT16 = 1, ACL_INT32 = 3, ACL_BF16 = 27, ACL_FORMAT_ND = 2 };
-enum { ST_NULLPTR = 161001, ST_INVALID = 161002 };
+enum { ST_NULLPTR = 161001, ST_INVALID = 161002, ST_TILING = 561002 };
 #define MAXDIMS 8
 #define TENSOR_MAGIC 0x7e45044bu
 #define EXEC_MAGIC 0xe8ec0701u
@@ -37,9 +35,27 @@ struct cd_tensor {
   void* data;
 };
 
+#define CD_MAX_LIST 256 /* foreach_non_finite_check_and_unscale_tiling.h:30 */
+#define LIST_MAGIC 0x1157a11cu
+
+struct cd_tensor_list {
+  uint32_t magic;
+  int64_t id;
+  uint64_t size;
+  cd_tensor** tensors;
+};
+
+enum { EXEC_UPDATE_SCALE = 0, EXEC_FOREACH = 1 };
+
 struct cd_executor {
   uint32_t magic;
   int64_t id;
+  int kind;
+  /* foreach: the list's tensors at GetWorkspaceSize time */
+  uint64_t ntensors;
+  void* datas[CD_MAX_LIST];
+  int64_t counts[CD_MAX_LIST];
+  void* inv;
   int32_t dtype;
   void *scale, *tracker, *found, *scale_out, *tracker_out;
   double gf, bf;
@@ -65,6 +81,7 @@ static struct {
 } failure;
 /* stats */
 static int64_t live_tensors, created, destroyed, live_execs, gws_calls, run_calls, bad_calls;
+static int64_t live_lists, lists_created, lists_destroyed;
 static int64_t next_id = 1;
 static cd_alloc* allocs;
 static size_t nallocs, capallocs;
@@ -109,7 +126,23 @@ static int32_t injected(const char* api) {
   return 0;
 }
 
-/* ---- the operator's rule, independently ---- */
+/* ---- the operator's rule, as CANN's published kernel computes it ----
+ *
+ * hicann/ops-math (commit c41933244) math/amp_update_scale/:
+ * - op_host/amp_update_scale_tiling.cpp:63-71: the factors reach the kernel
+ *   as float (the API's double is rounded to float32 on the way: a C cast,
+ *   nearest even); :73-80: the interval must lie in [1, INT32_MAX] (tiling
+ *   error 561002, checked in cd_get_workspace_size).
+ * - op_kernel/amp_update_scale.h:115-134: scale and found_inf widened to
+ *   float32; :140 `if (foundInf_)` (float to bool: nonzero, subnormal, NaN);
+ *   :141 backoff as a float32 product, no finiteness test; :144 int32
+ *   tracker + 1; :146-147 growth as a float32 product kept when IsFinite
+ *   (:86-93, on the float32 exponent bits); :162-172 the cast to the scale's
+ *   dtype happens at the store, after that test (so float16 32768 * 2 is
+ *   stored as inf).
+ * Host float32 arithmetic in the default environment (IEEE, subnormals
+ * kept) stands in for the vector unit; the float16 store uses the
+ * compiler's _Float16 conversion (nearest even), bfloat16 CAST_RINT. */
 static float load(int32_t dt, const void* p) {
   if (dt == ACL_FLOAT) {
     float f;
@@ -129,73 +162,81 @@ static float load(int32_t dt, const void* p) {
   return f;
 }
 
-/* double -> bfloat16, nearest-even, by arithmetic: keep 8 significant bits. */
-static uint16_t to_bf16(double d) {
-  if (isnan(d)) {
-    float f = (float)d;
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u >> 16) | 0x40u);
-  }
-  if (isinf(d) || d == 0.0) return signbit(d) ? (isinf(d) ? 0xFF80u : 0x8000u)
-                                              : (isinf(d) ? 0x7F80u : 0x0000u);
-  int e = ilogb(d);
-  if (e < -126) e = -126; /* subnormals share the finest spacing */
-  double q = ldexp(nearbyint(ldexp(d, 7 - e)), e - 7); /* default mode: nearest-even */
-  const double max_bf16 = ldexp(255.0, 120);           /* 0x7F7F */
-  float r;
-  if (fabs(q) > max_bf16) {
-    r = q > 0 ? INFINITY : -INFINITY;
-  } else {
-    r = (float)q; /* exact: q has at most 8 significant bits */
-  }
+/* float32 -> bfloat16 with round-to-nearest-even (CAST_RINT), on the bits. */
+static uint16_t to_bf16(float f) {
   uint32_t u;
-  memcpy(&u, &r, 4);
+  memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN */
+  const uint32_t lsb = (u >> 16) & 1u;
+  u += 0x7FFFu + lsb; /* carries into the exponent; overflow gives inf */
   return (uint16_t)(u >> 16);
 }
 
-static void store(int32_t dt, void* p, double v) {
+static void store(int32_t dt, void* p, float v) {
   if (dt == ACL_FLOAT) {
-    float f = (float)v;
-    memcpy(p, &f, 4);
+    memcpy(p, &v, 4);
   } else if (dt == ACL_FLOAT16) {
-    _Float16 x = (_Float16)v; /* one rounding from double */
+    _Float16 x = (_Float16)v; /* amp_update_scale.h:165 static_cast<half> */
     memcpy(p, &x, 2);
   } else {
-    uint16_t b = to_bf16(v);
+    uint16_t b = to_bf16(v); /* amp_update_scale.h:171 CAST_RINT */
     memcpy(p, &b, 2);
   }
 }
 
+/* IsFinite of amp_update_scale.h:86-93: exponent bits not all ones. */
+static int is_finite_f32(float v) {
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return ((u & 0x7FFFFFFFu) >> 23) != 0xFFu;
+}
+
 static void apply_rule(const cd_executor* e) {
-  const float scale = load(e->dtype, e->scale);
+  const float gf = (float)e->gf, bf = (float)e->bf; /* tiling: float attributes */
+  float scale = load(e->dtype, e->scale);
   const float found = load(e->dtype, e->found);
   int32_t tracker;
   memcpy(&tracker, e->tracker, 4);
-  const size_t item = e->dtype == ACL_FLOAT ? 4 : 2;
-  unsigned char keep[4];
-  memcpy(keep, e->scale, item);
-  int32_t new_tracker;
-  if (found != 0.0f) { /* NaN != 0 */
-    store(e->dtype, e->scale_out, (double)scale * e->bf);
-    new_tracker = 0;
+  if (found != 0.0f || found != found) { /* :140, float -> bool */
+    scale *= bf;                         /* :141 */
+    tracker = 0;
   } else {
-    int32_t next = (int32_t)((uint32_t)tracker + 1u); /* wraps, no UB */
-    if ((int64_t)next == e->gi) {
-      unsigned char grown[4];
-      store(e->dtype, grown, (double)scale * e->gf);
-      if (isfinite(load(e->dtype, grown))) {
-        memcpy(e->scale_out, grown, item);
-      } else {
-        memcpy(e->scale_out, keep, item);
-      }
-      new_tracker = 0;
+    const int32_t successful = (int32_t)((uint32_t)tracker + 1u); /* :144, wraps */
+    if ((int64_t)successful == e->gi) {
+      const float grown = scale * gf; /* :146 */
+      if (is_finite_f32(grown)) scale = grown;
+      tracker = 0;
     } else {
-      memcpy(e->scale_out, keep, item);
-      new_tracker = next;
+      tracker = successful;
     }
   }
-  memcpy(e->tracker_out, &new_tracker, 4);
+  store(e->dtype, e->scale_out, scale); /* :162-172, after the test */
+  memcpy(e->tracker_out, &tracker, 4);
+}
+
+/* ---- aclnnForeachNonFiniteCheckAndUnscale, as CANN's published kernel ----
+ *
+ * hicann/ops-nn (commit e5c3fa932) foreach/foreach_non_finite_check_and_unscale/
+ * op_kernel/foreach_non_finite_check_and_unscale_n_d.h: float16/bfloat16
+ * grads are cast to float32 (:242, CAST_NONE: exact); the float32 values
+ * are checked (:187-209: ReduceMax/ReduceMin of the *scaled* input tested by
+ * IsNonFinite, :259-267, on the exponent bits) and foundInf is *set* to 1.0
+ * (:195, :205), never cleared; each value is multiplied by invScale in
+ * float32 (:211, Muls) and cast back with CAST_RINT (:252), in place. */
+static void apply_foreach(const cd_executor* e) {
+  float inv, one = 1.0f;
+  memcpy(&inv, e->inv, 4);
+  int found = 0;
+  for (uint64_t k = 0; k < e->ntensors; ++k) {
+    const size_t item = e->dtype == ACL_FLOAT ? 4 : 2;
+    char* base = e->datas[k];
+    for (int64_t i = 0; i < e->counts[k]; ++i) {
+      float v = load(e->dtype, base + (size_t)i * item);
+      if (!is_finite_f32(v)) found = 1;
+      store(e->dtype, base + (size_t)i * item, v * inv);
+    }
+  }
+  if (found) memcpy(e->found, &one, 4); /* set only */
 }
 
 /* ---- registry helpers ---- */
@@ -289,10 +330,15 @@ static int32_t check_tensor(const cd_tensor* t, const char* name, int32_t want_d
     set_msg("%s has dtype %d, expected %d", name, t->dtype, want_dtype);
     return ST_INVALID;
   }
-  if (t->ndims != 1 || t->dims[0] != 1 || t->strides[0] != 1 || t->offset != 0 ||
-      t->nstorage != 1 || t->storage[0] != 1) {
+  if (t->ndims != 1 || t->dims[0] != 1 || t->strides[0] != 1 || t->offset != 0) {
     set_msg("%s must be a contiguous tensor of shape [1]", name);
     return ST_INVALID;
+  }
+  if (!(t->nstorage == 0 || (t->nstorage == 1 && t->storage[0] == 1))) {
+    /* amp_update_scale_tiling.cpp:82-95: a storage shape other than [1] (0-d
+     * counts as [1], :32-37) is a tiling error. */
+    set_msg("%s: storage shape must be [1]", name);
+    return ST_TILING;
   }
   if (t->format != ACL_FORMAT_ND) {
     set_msg("%s must have format ND", name);
@@ -303,6 +349,179 @@ static int32_t check_tensor(const cd_tensor* t, const char* name, int32_t want_d
     return ST_NULLPTR;
   }
   return 0;
+}
+
+/* A live executor of `kind` (the caller holds mu), or NULL with *st set. */
+static cd_executor* new_executor(int kind, int32_t dtype, int32_t* st) {
+  cd_executor* e = calloc(1, sizeof *e);
+  if (!e) {
+    *st = 561001;
+    return NULL;
+  }
+  e->magic = EXEC_MAGIC;
+  e->id = next_id++;
+  e->kind = kind;
+  e->dtype = dtype;
+  e->ws_size = ws_knob;
+  ++live_execs;
+  return e;
+}
+
+EXPORT cd_tensor_list* cd_create_tensor_list(cd_tensor* const* value, uint64_t size) {
+  pthread_mutex_lock(&mu);
+  cd_tensor_list* l = NULL;
+  if (injected("aclCreateTensorList")) goto out;
+  if (size > 0 && !value) {
+    set_msg("aclCreateTensorList: value is nullptr");
+    goto out;
+  }
+  for (uint64_t i = 0; i < size; ++i) {
+    if (!tensor_ok(value[i])) {
+      set_msg("aclCreateTensorList: element %llu is not a live aclTensor", (unsigned long long)i);
+      ++bad_calls;
+      goto out;
+    }
+  }
+  l = calloc(1, sizeof *l);
+  if (!l) goto out;
+  l->tensors = calloc(size ? size : 1, sizeof *l->tensors);
+  if (!l->tensors) {
+    free(l);
+    l = NULL;
+    goto out;
+  }
+  l->magic = LIST_MAGIC;
+  l->id = next_id++;
+  l->size = size;
+  for (uint64_t i = 0; i < size; ++i) l->tensors[i] = value[i];
+  ++live_lists;
+  ++lists_created;
+  logf_("{\"ev\":\"create_list\",\"id\":%lld,\"size\":%llu,\"first\":%lld}", (long long)l->id,
+        (unsigned long long)size, (long long)(size ? value[0]->id : 0));
+out:
+  pthread_mutex_unlock(&mu);
+  return l;
+}
+
+/* Destroying a list destroys its tensors (CANN: aclDestroyTensorList). */
+EXPORT int32_t cd_destroy_tensor_list(const cd_tensor_list* lc) {
+  cd_tensor_list* l = (cd_tensor_list*)lc;
+  pthread_mutex_lock(&mu);
+  int32_t st = 0;
+  if (!l) {
+    st = ST_NULLPTR;
+    pthread_mutex_unlock(&mu);
+    return st;
+  }
+  if (l->magic != LIST_MAGIC) {
+    ++bad_calls;
+    pthread_mutex_unlock(&mu);
+    return ST_INVALID;
+  }
+  logf_("{\"ev\":\"destroy_list\",\"id\":%lld,\"size\":%llu}", (long long)l->id,
+        (unsigned long long)l->size);
+  l->magic = 0;
+  --live_lists;
+  ++lists_destroyed;
+  pthread_mutex_unlock(&mu);
+  for (uint64_t i = 0; i < l->size; ++i) {
+    if (cd_destroy_tensor(l->tensors[i]) != 0) st = ST_INVALID;
+  }
+  free(l->tensors);
+  free(l);
+  return st;
+}
+
+static int elements(const cd_tensor* t, int64_t* n) {
+  int64_t c = 1;
+  for (uint64_t i = 0; i < t->nstorage; ++i) c *= t->storage[i];
+  *n = c;
+  return 0;
+}
+
+EXPORT int32_t cd_foreach_get_workspace_size(const char* lib, const cd_tensor_list* l,
+                                             const cd_tensor* found, const cd_tensor* inv,
+                                             uint64_t* ws_size, cd_executor** executor) {
+  pthread_mutex_lock(&mu);
+  ++gws_calls;
+  int32_t st = 0;
+  cd_executor* e = NULL;
+  if (!ws_size || !executor || !l || !found || !inv) {
+    set_msg("scaledGrads, foundInf, invScale, workspaceSize or executor is nullptr");
+    st = ST_NULLPTR;
+    goto out;
+  }
+  *executor = NULL;
+  if (l->magic != LIST_MAGIC) {
+    set_msg("scaledGrads is not a live aclTensorList");
+    ++bad_calls;
+    st = ST_INVALID;
+    goto out;
+  }
+  if ((st = check_tensor(found, "foundInf", ACL_FLOAT)) ||
+      (st = check_tensor(inv, "invScale", ACL_FLOAT)))
+    goto out;
+  /* tiling.cpp:88-91: 1..256 tensors; :107-114 one dtype; :119-123 none empty */
+  if (l->size == 0 || l->size > CD_MAX_LIST) {
+    set_msg("scaledGrads has %llu tensors; must be in [1, %d]", (unsigned long long)l->size,
+            CD_MAX_LIST);
+    st = ST_TILING;
+    goto out;
+  }
+  const int32_t dt = l->tensors[0]->dtype;
+  for (uint64_t i = 0; i < l->size; ++i) {
+    const cd_tensor* t = l->tensors[i];
+    if (!tensor_ok(t)) {
+      set_msg("scaledGrads[%llu] is not live", (unsigned long long)i);
+      ++bad_calls;
+      st = ST_INVALID;
+      goto out;
+    }
+    if (t->dtype != ACL_FLOAT && t->dtype != ACL_FLOAT16 && t->dtype != ACL_BF16) {
+      set_msg("scaledGrads[%llu] dtype %d is not FLOAT, FLOAT16 or BFLOAT16",
+              (unsigned long long)i, t->dtype);
+      st = ST_INVALID;
+      goto out;
+    }
+    if (t->dtype != dt) {
+      set_msg("The dtypes of all tensors in tensor list scaled_grads must be the same");
+      st = ST_TILING;
+      goto out;
+    }
+    int64_t n;
+    elements(t, &n);
+    if (n == 0) {
+      set_msg("The shape size of scaled_grads must be greater than 0");
+      st = ST_TILING;
+      goto out;
+    }
+    if (t->ndims != 1 || t->dims[0] != n || t->strides[0] != 1 || t->offset != 0 ||
+        t->format != ACL_FORMAT_ND || !t->data) {
+      set_msg("scaledGrads[%llu] must be a contiguous ND tensor with data", (unsigned long long)i);
+      st = ST_INVALID;
+      goto out;
+    }
+  }
+  if ((st = injected("aclnnForeachNonFiniteCheckAndUnscaleGetWorkspaceSize"))) goto out;
+  if (!(e = new_executor(EXEC_FOREACH, dt, &st))) goto out;
+  e->ntensors = l->size;
+  for (uint64_t i = 0; i < l->size; ++i) {
+    e->datas[i] = l->tensors[i]->data;
+    elements(l->tensors[i], &e->counts[i]);
+  }
+  e->found = found->data;
+  e->inv = inv->data;
+  *ws_size = e->ws_size;
+  *executor = e;
+out:
+  logf_("{\"ev\":\"foreach_gws\",\"lib\":\"%s\",\"list\":%lld,\"n\":%llu,\"dtype\":%d,"
+        "\"status\":%d,\"exec\":%lld}",
+        lib, (long long)(l && l->magic == LIST_MAGIC ? l->id : 0),
+        (unsigned long long)(l && l->magic == LIST_MAGIC ? l->size : 0),
+        l && l->magic == LIST_MAGIC && l->size ? l->tensors[0]->dtype : -1, st,
+        (long long)(e ? e->id : 0));
+  pthread_mutex_unlock(&mu);
+  return st;
 }
 
 EXPORT int32_t cd_get_workspace_size(const char* lib, const cd_tensor* scale,
@@ -337,20 +556,13 @@ EXPORT int32_t cd_get_workspace_size(const char* lib, const cd_tensor* scale,
       (st = check_tensor(scale_out, "updatedScale", dt)) ||
       (st = check_tensor(tracker_out, "updatedGrowthTracker", ACL_INT32)))
     goto out;
-  if (gi < 1 || gi > 2147483647) {
-    set_msg("growthInterval %lld out of range", (long long)gi);
-    st = ST_INVALID;
+  if (gi < 1 || gi > 2147483647) { /* amp_update_scale_tiling.cpp:75 */
+    set_msg("growthInterval %lld must be in range [1, INT32_MAX]", (long long)gi);
+    st = ST_TILING;
     goto out;
   }
   if ((st = injected("aclnnAmpUpdateScaleGetWorkspaceSize"))) goto out;
-  e = calloc(1, sizeof *e);
-  if (!e) {
-    st = 561001;
-    goto out;
-  }
-  e->magic = EXEC_MAGIC;
-  e->id = next_id++;
-  e->dtype = dt;
+  if (!(e = new_executor(EXEC_UPDATE_SCALE, dt, &st))) goto out;
   e->scale = scale->data;
   e->tracker = tracker->data;
   e->found = found->data;
@@ -359,10 +571,8 @@ EXPORT int32_t cd_get_workspace_size(const char* lib, const cd_tensor* scale,
   e->gf = gf;
   e->bf = bf;
   e->gi = gi;
-  e->ws_size = ws_knob;
-  *ws_size = ws_knob;
+  *ws_size = e->ws_size;
   *executor = e;
-  ++live_execs;
 out:
   logf_("{\"ev\":\"gws\",\"lib\":\"%s\",\"args\":[%lld,%lld,%lld,%lld,%lld],\"gf\":%.17g,"
         "\"bf\":%.17g,\"gi\":%lld,\"status\":%d,\"ws\":%llu,\"exec\":%lld}",
@@ -420,14 +630,19 @@ EXPORT int32_t cd_launch(const char* lib, void* ws, uint64_t ws_size, cd_executo
     memset(ws, 0xA5, ws_size); /* the kernel uses all of it */
   }
   /* The executor is consumed by the launch, failed or not, as in CANN. */
-  if (!(st = injected("aclnnAmpUpdateScale"))) {
+  if (!(st = injected(e->kind == EXEC_FOREACH ? "aclnnForeachNonFiniteCheckAndUnscale"
+                                               : "aclnnAmpUpdateScale"))) {
     /* The device kernel does not see the host's floating-point mode, but
      * this host code runs on XLA:CPU threads, which flush subnormals
      * (MXCSR FTZ/DAZ): compute in the default environment. */
     fenv_t saved;
     fegetenv(&saved);
     fesetenv(FE_DFL_ENV);
-    apply_rule(e);
+    if (e->kind == EXEC_FOREACH) {
+      apply_foreach(e);
+    } else {
+      apply_rule(e);
+    }
     fesetenv(&saved);
   }
   e->magic = 0;
@@ -455,6 +670,26 @@ EXPORT int32_t cd_destroy_executor(cd_executor* e) {
   }
   pthread_mutex_unlock(&mu);
   return st;
+}
+
+/* The huge-memory bracket: logged; a bracket opened twice on a thread, or a
+ * release/uninit without an open one, is a bad call. */
+static __thread int huge_open;
+EXPORT int cd_huge_mem(int what, void* arg, int sync) {
+  static const char* const names[3] = {"huge_init", "huge_uninit", "huge_release"};
+  pthread_mutex_lock(&mu);
+  if (what < 0 || what > 2 || arg != NULL || sync) {
+    ++bad_calls;
+  } else if (what == 0) {
+    if (huge_open) ++bad_calls;
+    huge_open = 1;
+  } else {
+    if (!huge_open) ++bad_calls;
+    if (what == 1) huge_open = 0;
+  }
+  if (what >= 0 && what <= 2) logf_("{\"ev\":\"%s\"}", names[what]);
+  pthread_mutex_unlock(&mu);
+  return 0;
 }
 
 EXPORT int cd_malloc(void** ptr, size_t size, int32_t policy) {
@@ -546,11 +781,13 @@ EXPORT size_t cd_log(char* buf, size_t n) {
   return len;
 }
 /* live_tensors, created, destroyed, live_execs, gws_calls, run_calls,
- * live_allocs, total_allocs, total_frees, bad_calls */
+ * live_allocs, total_allocs, total_frees, bad_calls, live_lists,
+ * lists_created, lists_destroyed */
 EXPORT void cd_stats(int64_t* out) {
   pthread_mutex_lock(&mu);
-  int64_t v[10] = {live_tensors, created,         destroyed,    live_execs,  gws_calls,
-                   run_calls,    (int64_t)nallocs, total_allocs, total_frees, bad_calls};
+  int64_t v[13] = {live_tensors, created,      destroyed,   live_execs, gws_calls,
+                   run_calls,    (int64_t)nallocs, total_allocs, total_frees, bad_calls,
+                   live_lists,   lists_created, lists_destroyed};
   memcpy(out, v, sizeof v);
   pthread_mutex_unlock(&mu);
 }

@@ -9,6 +9,7 @@
 
 typedef struct cd_tensor cd_tensor;
 typedef struct cd_executor cd_executor;
+typedef struct cd_tensor_list cd_tensor_list;
 
 cd_tensor* cd_create_tensor(const int64_t* view_dims, uint64_t view_dims_num, int32_t dtype,
                             const int64_t* stride, int64_t offset, int32_t format,
@@ -20,6 +21,12 @@ int32_t cd_get_workspace_size(const char* lib, const cd_tensor* scale, const cd_
                               const cd_tensor* scale_out, const cd_tensor* tracker_out,
                               uint64_t* ws_size, cd_executor** executor);
 int32_t cd_launch(const char* lib, void* ws, uint64_t ws_size, cd_executor* e, void* stream);
+cd_tensor_list* cd_create_tensor_list(cd_tensor* const* value, uint64_t size);
+int32_t cd_destroy_tensor_list(const cd_tensor_list* l);
+int32_t cd_foreach_get_workspace_size(const char* lib, const cd_tensor_list* l,
+                                      const cd_tensor* found, const cd_tensor* inv,
+                                      uint64_t* ws_size, cd_executor** executor);
+int cd_huge_mem(int what, void* arg, int sync); /* 0 init, 1 uninit, 2 release */
 int cd_malloc(void** ptr, size_t size, int32_t policy);
 int cd_free(void* ptr);
 const char* cd_recent_err_msg(void);

@@ -22,6 +22,9 @@ STATS = (
     "total_allocs",
     "total_frees",
     "bad_calls",
+    "live_lists",
+    "lists_created",
+    "lists_destroyed",
 )
 
 

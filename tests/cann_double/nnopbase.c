@@ -1,4 +1,5 @@
 /* libnnopbase.so of the CANN test double: tensor descriptors, executors. */
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "cann_double.h"
@@ -14,3 +15,11 @@ EXPORT void* aclCreateTensor(const int64_t* view_dims, uint64_t view_dims_num, i
 }
 EXPORT int32_t aclDestroyTensor(const void* t) { return cd_destroy_tensor(t); }
 EXPORT int32_t aclDestroyAclOpExecutor(void* e) { return cd_destroy_executor(e); }
+EXPORT void* aclCreateTensorList(void* const* value, uint64_t size) {
+  return cd_create_tensor_list((cd_tensor* const*)value, size);
+}
+EXPORT int32_t aclDestroyTensorList(const void* l) { return cd_destroy_tensor_list(l); }
+/* The per-thread huge-memory bracket torch_npu calls around aclnn calls. */
+EXPORT int InitHugeMemThreadLocal(void* arg, bool sync) { return cd_huge_mem(0, arg, sync); }
+EXPORT void UnInitHugeMemThreadLocal(void* arg, bool sync) { cd_huge_mem(1, arg, sync); }
+EXPORT void ReleaseHugeMem(void* arg, bool sync) { cd_huge_mem(2, arg, sync); }

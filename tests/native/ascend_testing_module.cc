@@ -24,6 +24,7 @@ namespace jas {
 namespace {
 
 inline constexpr char kAscendTestTarget[] = "jas_update_scale_ascend_test";
+inline constexpr char kAscendUnscaleTestTarget[] = "jas_unscale_and_check_ascend_test";
 
 using AscendOnCpu = UpdateScaleFfi<ffi::DeviceOrdinal>;
 
@@ -31,8 +32,18 @@ ffi::Error UpdateScaleOnNullStream(int64_t device, const UpdateScaleCall& call) 
   return UpdateScaleOnAscend(/*stream=*/nullptr, device, call);
 }
 
+ffi::Error UnscaleOnNullStream(int64_t device, ffi::AnyBuffer inv, ffi::AnyBuffer found_init,
+                               ffi::RemainingArgs leaves, ffi::Result<ffi::AnyBuffer> found,
+                               ffi::RemainingRets outs) {
+  return UnscaleAndCheckOnAscend(/*stream=*/nullptr, device, inv, found_init, leaves, found,
+                                 outs);
+}
+
 }  // namespace
 }  // namespace jas
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JasUnscaleAndCheckAscendTest, jas::UnscaleOnNullStream,
+                              (jas::UnscaleAndCheckAscendBinding<jas::ffi::DeviceOrdinal>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JasUpdateScaleAscendTest,
                               jas::AscendOnCpu::Impl(jas::UpdateScaleOnNullStream),
@@ -41,8 +52,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JasUpdateScaleAscendTest,
 NB_MODULE(_ascend_testing, m) {
   jas::DefineCapsuleModule(
       m, "jax_amp_scale tests: the Ascend dispatch on CPU (CANN test double).",
-      {{jas::kAscendTestTarget, &JasUpdateScaleAscendTest}});
+      {{jas::kAscendTestTarget, &JasUpdateScaleAscendTest},
+       {jas::kAscendUnscaleTestTarget, &JasUnscaleAndCheckAscendTest}});
   m.attr("TEST_TARGET") = jas::kAscendTestTarget;
+  m.attr("UNSCALE_TEST_TARGET") = jas::kAscendUnscaleTestTarget;
   m.def("forget_cann", []() { jas::ForgetCannForTests(); });
   m.def("workspaces", []() {
     nanobind::list out;

@@ -4,6 +4,11 @@
 // For float32 scales, MulByFactor must equal the hardware's float(double(x)
 // * g): the same rounding torch performs.  Exhaustive over special values and
 // random over bit patterns and factors.
+//
+// For Rule::kCann: float16 widening and narrowing against the compiler's
+// _Float16 conversions (IEEE, nearest even), and the float32 product against
+// the hardware's float * float (CANN's kernel multiplies in float32:
+// hicann/ops-math math/amp_update_scale/op_kernel/amp_update_scale.h:141,146).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -75,6 +80,66 @@ void CheckRule() {
   Expect(jas::CheckAttributes(2.0, 0.5, 2147483647) == nullptr, "max interval", 0, 0, 0, 0);
 }
 
+uint16_t HalfBits(_Float16 h) {
+  uint16_t u;
+  std::memcpy(&u, &h, 2);
+  return u;
+}
+
+void CheckCann() {
+  // Every float16 widens exactly to the float32 the hardware gives.
+  for (uint32_t h = 0; h < 65536; ++h) {
+    _Float16 x;
+    const uint16_t hb = static_cast<uint16_t>(h);
+    std::memcpy(&x, &hb, 2);
+    const uint32_t want = jas::FloatBits(static_cast<float>(x));
+    const uint32_t got = jas::WidenToF32Bits(jas::ScaleDtype::kF16, h);
+    Expect(SameFloat(got, want), "f16 widen", h, 0, got, want);
+  }
+  // float32 -> float16 and -> bfloat16 (nearest even) over a stride of patterns.
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 4093) {
+    const uint32_t b = static_cast<uint32_t>(u);
+    const float f = jas::BitsToFloat(b);
+    const uint32_t want = HalfBits(static_cast<_Float16>(f));
+    const uint32_t got = jas::NarrowF32Bits(jas::ScaleDtype::kF16, b);
+    const bool nan = (b & 0x7FFFFFFFu) > 0x7F800000u;
+    Expect(nan ? ((got & 0x7FFFu) > 0x7C00u) : got == want, "f16 narrow", b, 0, got, want);
+    // bfloat16 by the textbook rounding of the top half.
+    const uint32_t bf_want = nan ? 0 : ((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+    const uint32_t bf_got = jas::NarrowF32Bits(jas::ScaleDtype::kBF16, b);
+    Expect(nan ? ((bf_got & 0x7FFFu) > 0x7F80u) : bf_got == bf_want, "bf16 narrow", b, 0,
+           bf_got, bf_want);
+  }
+  // float32 products: the hardware's float * float.
+  std::mt19937_64 rng(777);
+  const double gs[] = {1.1, 0.3, 2.0, 0.5, 65536.0, 1e-3, 1.0000001};
+  for (int i = 0; i < 300000; ++i) {
+    const uint32_t x = static_cast<uint32_t>(rng());
+    const double g = gs[i % 7];
+    bool finite = false;
+    const uint32_t got = jas::RuleProduct(jas::Rule::kCann, jas::ScaleDtype::kF32, x,
+                                          jas::CannFactor(g), &finite);
+    const uint32_t want =
+        jas::FloatBits(jas::BitsToFloat(x) * static_cast<float>(g));
+    Expect(SameFloat(got, want), "cann f32 product", x, g, got, want);
+  }
+  // The guard: float16 32768 grown x2 stays 32768 (the kernel would store inf).
+  uint16_t h_scale = 0x7800;  // 32768
+  int32_t h_tracker = 0;
+  uint16_t h_found = 0;
+  jas::UpdateElement(jas::ScaleDtype::kF16, &h_scale, &h_tracker, &h_found, &h_scale,
+                     &h_tracker, 0, jas::CannFactor(2.0), jas::CannFactor(0.5), 1,
+                     jas::Rule::kCann);
+  Expect(h_scale == 0x7800 && h_tracker == 0, "cann f16 guard", h_scale, 2.0, 0, 0);
+  Expect(jas::CheckAttributes(1e39, 0.5, 5, jas::Rule::kCann) != nullptr,
+         "cann: growth factor inf in float32", 0, 0, 0, 0);
+  Expect(jas::CheckAttributes(1e39, 0.5, 5, jas::Rule::kTorch) == nullptr,
+         "torch: growth factor 1e39 fine", 0, 0, 0, 0);
+  Expect(jas::IsExactInFloat32PowerOfTwo(0.5) && !jas::IsExactInFloat32PowerOfTwo(0.3) &&
+             !jas::IsExactInFloat32PowerOfTwo(std::ldexp(1.0, -127)),
+         "power of two in float32", 0, 0, 0, 0);
+}
+
 }  // namespace
 
 int main() {
@@ -102,6 +167,7 @@ int main() {
     CheckF32(x | 0x80000000u, 1.3);
   }
   CheckRule();
+  CheckCann();
   if (failures) {
     std::printf("%d failures\n", failures);
     return 1;
