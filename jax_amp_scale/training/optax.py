@@ -95,6 +95,7 @@ def _update_unless(
     extra_args: dict[str, Any],
     *,
     by_select: bool,
+    flag_in_memory: bool = False,
 ) -> tuple[Any, Any]:
     """inner.update(...), or (zero updates, inner_state unchanged) when `found`.
 
@@ -105,6 +106,8 @@ def _update_unless(
     per-leaf reductions is recomputed inside every leaf's kernel (compile
     time then grows with the square of the tree) and the unscale fuses into
     each reader: for those, one ``lax.cond`` (bench/RESULTS.md).
+    `flag_in_memory`: `found` is one native call's own result (no OR of
+    several), so the selects can read it as it is.
     """
 
     def apply(operands: tuple[Any, Any]) -> tuple[Any, Any]:
@@ -116,7 +119,10 @@ def _update_unless(
         # A cond with constant branches hands the selects one materialised
         # flag (the OR of several native calls, say) that XLA cannot copy
         # into each kernel; optimization_barrier does not stop that on XLA:CPU.
-        found = jax.lax.cond(found, lambda: jnp.bool_(True), lambda: jnp.bool_(False))
+        # With one native call the flag already is such a value; the cond
+        # would only cost compile time (a conditional and two computations).
+        if not flag_in_memory:
+            found = jax.lax.cond(found, lambda: jnp.bool_(True), lambda: jnp.bool_(False))
         updates = jax.tree_util.tree_map(
             lambda u: jnp.where(found, jnp.zeros_like(u), u), new_updates
         )
@@ -209,11 +215,17 @@ def loss_scaled(
         new_scale = state.scale.adjust(found, backend=backend)
         skipped = state.skipped_steps
         if drop:
-            by_select = not state.scale.is_identity and helpers.fused_pass_expected(
-                updates, unscale_backend
-            )
+            calls = helpers.fused_pass_calls(updates, unscale_backend)
+            by_select = not state.scale.is_identity and calls > 0
             new_updates, new_inner = _update_unless(
-                found, inner, grads, state.inner_state, params, extra_args, by_select=by_select
+                found,
+                inner,
+                grads,
+                state.inner_state,
+                params,
+                extra_args,
+                by_select=by_select,
+                flag_in_memory=calls == 1 and axis_name is None,
             )
             skipped = skipped + found.astype(jnp.int32)
         else:
