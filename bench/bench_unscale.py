@@ -193,6 +193,7 @@ def run_case(
     dtype=np.float32,
     threads: int = 2,
     peers: bool = True,
+    torch_ok: bool = True,
 ):
     """Times every candidate on `n_leaves` leaves; returns (rows, skipped notes).
 
@@ -234,10 +235,14 @@ def run_case(
             box[0], box[1] = jax.block_until_ready(out), 1 - box[1]
 
         cands[name] = run
-    torch_run = torch_fused_candidate(total_bytes, n_leaves, dtype)
-    if torch_run is not None:
+    # torch's op and the host bandwidth limit are CPU references: on a GPU
+    # backend they would measure the host, not the device.
+    on_cpu = jax.default_backend() == "cpu"
+    torch_run = torch_fused_candidate(total_bytes, n_leaves, dtype) if torch_ok else None
+    if torch_run is not None and on_cpu:
         cands[TORCH] = torch_run
-    cands[LIMIT] = bandwidth_candidate(total_bytes, threads)
+    if on_cpu:
+        cands[LIMIT] = bandwidth_candidate(total_bytes, threads)
     rows = _harness.measure(cands, baseline="plain copy", reps=reps, warmup=warmup)
     for r in rows:
         key = f"{r.name} {np.dtype(dtype).name}"
@@ -305,7 +310,7 @@ def _throughput(rows, total_bytes):
 
 def main(argv: list[str] | None = None) -> list[_harness.Table]:
     p = _harness.parser(__doc__.splitlines()[0], reps=10)
-    p.add_argument("--no-torch", action="store_true", help="skip the torch reference rows")
+    p.add_argument("--no-torch", action="store_true", help="skip torch's rows and tables")
     p.add_argument(
         "--dtypes",
         nargs="+",
@@ -369,6 +374,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
             dtype,
             args.threads,
             not args.no_peers,
+            torch_ok,
         )
         if skipped:
             notes.append(
