@@ -157,12 +157,51 @@ inline bool UnscaleLoop(const T* in, T* out, int64_t n, F f, B bad) {
   return any != 0;
 }
 
-inline bool UnscaleF32(const float* in, float* out, int64_t n, float inv) {
+inline bool UnscaleF32Portable(const float* in, float* out, int64_t n, float inv) {
   return UnscaleLoop(
       in, out, n, [inv](float x) { return x * inv; },
       [](float y) {
         return static_cast<uint32_t>((F32Bits(y) & 0x7f800000u) == 0x7f800000u);
       });
+}
+
+#ifdef JAS_HAVE_F16C_PATH
+// The float32 loop with 256-bit AVX2, 16 elements an iteration: the SSE2
+// loop GCC emits without -mavx2 moved about half of what NumPy's in-place
+// negation moves per second on one core.  Same multiply (the thread's flush
+// modes apply to mulps and vmulps alike), same check on the result's bits.
+__attribute__((target("avx2"))) inline bool UnscaleF32Avx2(const float* in, float* out,
+                                                          int64_t n, float inv) {
+  const __m256 vinv = _mm256_set1_ps(inv);
+  const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
+  __m256i any = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a = _mm256_mul_ps(_mm256_loadu_ps(in + i), vinv);
+    const __m256 b = _mm256_mul_ps(_mm256_loadu_ps(in + i + 8), vinv);
+    _mm256_storeu_ps(out + i, a);
+    _mm256_storeu_ps(out + i + 8, b);
+    const __m256i ea = _mm256_and_si256(_mm256_castps_si256(a), exp_mask);
+    const __m256i eb = _mm256_and_si256(_mm256_castps_si256(b), exp_mask);
+    any = _mm256_or_si256(any, _mm256_or_si256(_mm256_cmpeq_epi32(ea, exp_mask),
+                                               _mm256_cmpeq_epi32(eb, exp_mask)));
+  }
+  bool bad = _mm256_movemask_epi8(any) != 0;
+  if (i < n) bad |= UnscaleF32Portable(in + i, out + i, n - i, inv);
+  return bad;
+}
+
+inline bool HaveAvx2() {
+  static const bool have = __builtin_cpu_supports("avx2");
+  return have;
+}
+#endif
+
+inline bool UnscaleF32(const float* in, float* out, int64_t n, float inv) {
+#ifdef JAS_HAVE_F16C_PATH
+  if (HaveAvx2()) return UnscaleF32Avx2(in, out, n, inv);
+#endif
+  return UnscaleF32Portable(in, out, n, inv);
 }
 
 inline bool UnscaleF64(const double* in, double* out, int64_t n, double inv) {
