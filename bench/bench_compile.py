@@ -127,12 +127,21 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         default=1,
         help="repetitions at 100 leaves and above, where one compile takes seconds",
     )
+    p.add_argument(
+        "--candidates",
+        nargs="+",
+        default=None,
+        help="run only these candidates (names as in the table; plain always runs)",
+    )
     args = p.parse_args(argv)
     leaf_counts = args.leaves or ((2, 4) if args.tiny else (10, 100, 1000, 10_000))
     why = _steps.ours_available()
     # auto: one custom call for the whole gradient pass (CPU); reference: one
     # kernel and one reduction per leaf.  "ffi" compiles as auto does.
     builders = _steps.candidates(("auto", "reference") if why is None else ())
+    if args.candidates:
+        keep = {"plain", *args.candidates}
+        builders = {k: v for k, v in builders.items() if k in keep}
 
     tables = []
     per_leaf: dict[str, dict[int, float]] = {k: {} for k in builders}

@@ -1,15 +1,26 @@
 """Workload 2: one pass over the gradients (unscale and check for inf/NaN).
 
-256 MiB of float32 gradients split over 1, 100 and 10,000 leaves.  Each
-candidate is one jitted call that reads every gradient, writes the unscaled
-gradients in place (the gradients are donated) and returns whether any is
-non-finite.  The baseline is a plain copy of the same bytes, ``y = -x`` in
-place (read 256 MiB, write 256 MiB: the memory-bandwidth limit of any
-unscale); the peers do the same work with their own functions
-(jmp) or their documented pattern written out (flax, optax: neither exports
-an unscale-and-check on a given tree).  torch's fused
-``_amp_foreach_non_finite_check_and_unscale_`` (what GradScaler calls) is
-measured beside torch's own copy, as a reference point.
+256 MiB of float32 (and float16: --dtypes) gradients split over 1, 100 and
+10,000 leaves.  Each candidate is one jitted call that reads every gradient,
+writes the unscaled gradients in place (the gradients are donated) and
+returns whether any is non-finite.  The baseline is a plain copy of the same
+bytes, ``y = -x`` in place (read 256 MiB, write 256 MiB); the peers do the
+same work with their own functions (jmp) or their documented pattern written
+out (flax, optax: neither exports an unscale-and-check on a given tree).
+
+Side by side in the same table, interleaved:
+
+* torch's fused in-place ``_amp_foreach_non_finite_check_and_unscale_``
+  (what GradScaler calls) on its own copy of the same gradients;
+* "jit dispatch floor": a jitted function that donates the same leaves and
+  returns them untouched (no kernel runs): what any jitted call over this
+  many arrays costs before it does any work;
+* "memory-bandwidth limit": NumPy's in-place ``np.negative(x, out=x)`` over
+  one contiguous buffer of the same bytes, split over --threads threads (one
+  read and one write of every byte, no per-array overhead).
+
+The float16 table runs ours, the copy, torch and the floors only (the
+peers' float32 rows show their pattern).
 
     python bench/bench_unscale.py            # full size
     python bench/bench_unscale.py --tiny     # smoke
@@ -17,6 +28,8 @@ measured beside torch's own copy, as a reference point.
 
 from __future__ import annotations
 
+import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,6 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness
 
 SCALE = 2.0**15
+TORCH = "torch fused (_amp_foreach_non_finite_check_and_unscale_)"
+DISPATCH = "jit dispatch floor (donated leaves returned, no kernel)"
+LIMIT = "memory-bandwidth limit (np.negative in place, 1 buffer)"
 
 
 def split_sizes(total: int, n: int) -> list[int]:
@@ -38,12 +54,13 @@ def split_sizes(total: int, n: int) -> list[int]:
     return [q + 1] * r + [q] * (n - r)
 
 
-def make_grads(total_bytes: int, n_leaves: int) -> list[jax.Array]:
-    sizes = split_sizes(total_bytes // 4, n_leaves)
+def make_grads(total_bytes: int, n_leaves: int, dtype=np.float32) -> list[jax.Array]:
+    sizes = split_sizes(total_bytes // np.dtype(dtype).itemsize, n_leaves)
     rng = np.random.default_rng(0)
-    # Finite values of a typical scaled-gradient magnitude; one host array,
-    # sliced, so building 10,000 leaves stays cheap.
-    flat = (rng.standard_normal(sum(sizes), dtype=np.float32) * SCALE).astype(np.float32)
+    # Finite values of a typical scaled-gradient magnitude (float16: within
+    # its range); one host array, sliced, so building 10,000 leaves stays cheap.
+    mag = SCALE if dtype == np.float32 else 2.0**8
+    flat = (rng.standard_normal(sum(sizes), dtype=np.float32) * mag).astype(dtype)
     out, at = [], 0
     for s in sizes:
         out.append(jnp.asarray(flat[at : at + s]))
@@ -58,6 +75,12 @@ def plain_copy(grads, scale):
     # Read N bytes, write N bytes, nothing else: y = -x (an identity would be
     # elided under donation, and a fresh-buffer copy measures the allocator).
     return [-g for g in grads], jnp.asarray(False)
+
+
+def dispatch_floor(grads, scale):
+    # No kernel: the donated buffers come straight back.  What jit costs for
+    # this many array arguments and results before any work.
+    return list(grads), jnp.asarray(False)
 
 
 def ours(backend):
@@ -93,7 +116,7 @@ def optax_pattern(grads, scale):
     return grads, jnp.logical_not(finite)
 
 
-def jax_candidates(ours_ok: bool):
+def jax_candidates(ours_ok: bool, peers: bool = True):
     """name -> (function, scale -> the scale argument it takes)."""
     import jmp
 
@@ -103,7 +126,11 @@ def jax_candidates(ours_ok: bool):
 
         # auto first: on one CPU device it is the fused native pass.
         out["ours unscale_and_check[auto]"] = (ours("auto"), jas.init_scale_state)
-        out["ours unscale_and_check[reference]"] = (ours("reference"), jas.init_scale_state)
+        if peers:
+            out["ours unscale_and_check[reference]"] = (ours("reference"), jas.init_scale_state)
+    out[DISPATCH] = (dispatch_floor, jnp.float32)
+    if not peers:
+        return out
     out["jmp unscale + all_finite"] = (
         jmp_unscale_check,
         lambda s: jmp.DynamicLossScale(jnp.float32(s)),
@@ -111,6 +138,48 @@ def jax_candidates(ours_ok: bool):
     out["flax DynamicScale pattern"] = (flax_pattern, jnp.float32)
     out["optax unscale + apply_if_finite check"] = (optax_pattern, jnp.float32)
     return out
+
+
+def torch_fused_candidate(total_bytes: int, n_leaves: int, dtype):
+    """torch's fused in-place op on its own copy of the gradients (None: no torch)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    tdt = {np.float32: torch.float32, np.float16: torch.float16}[dtype]
+    host = make_grads(total_bytes, n_leaves, dtype)
+    grads = [torch.from_numpy(np.array(g)).to(tdt).clone() for g in host]
+    found = torch.zeros(1)
+    mag = SCALE if dtype == np.float32 else 2.0**8
+    invs = [torch.full((1,), 1.0 / mag), torch.full((1,), mag)]
+    box = [0]
+
+    def run():
+        # Alternate the factor so values stay bounded, as ours does.
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, invs[box[0]])
+        box[0] ^= 1
+        if float(found) != 0.0:
+            raise RuntimeError("torch reported an overflow on finite gradients")
+
+    return run
+
+
+def bandwidth_candidate(total_bytes: int, threads: int):
+    """In-place negation of one contiguous buffer, over `threads` threads.
+
+    NumPy's ufunc loop releases the GIL and is vectorised: one read and one
+    write of every byte, the most any in-place pass can move here.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    buf = np.ones(total_bytes // 4, np.float32)
+    parts = np.array_split(buf, threads)
+    pool = ThreadPoolExecutor(threads)
+
+    def run():
+        list(pool.map(lambda a: np.negative(a, out=a), parts))
+
+    return run
 
 
 def run_case(
@@ -121,6 +190,10 @@ def run_case(
     ours_ok: bool,
     first_call: dict[str, dict[int, float]],
     budget_s: float,
+    dtype=np.float32,
+    threads: int = 2,
+    peers: bool = True,
+    torch_ok: bool = True,
 ):
     """Times every candidate on `n_leaves` leaves; returns (rows, skipped notes).
 
@@ -133,10 +206,11 @@ def run_case(
     first call, projected linearly from the largest size run so far, would
     pass `budget_s` is skipped (the copy baseline always runs).
     """
-    grads = make_grads(total_bytes, n_leaves)
+    grads = make_grads(total_bytes, n_leaves, dtype)
     cands, skipped = {}, []
-    for name, (fn, make_scale) in jax_candidates(ours_ok).items():
-        seen = first_call.setdefault(name, {})
+    peers = peers and dtype == np.float32
+    for name, (fn, make_scale) in jax_candidates(ours_ok, peers).items():
+        seen = first_call.setdefault(f"{name} {np.dtype(dtype).name}", {})
         if seen and name != "plain copy" and n_leaves > 100:
             last = max(seen)
             proj = seen[last] * n_leaves / last
@@ -144,7 +218,8 @@ def run_case(
                 skipped.append(f"{name} (first call projected {proj:.0f} s)")
                 continue
         f = jax.jit(fn, donate_argnums=0)
-        scales = (make_scale(SCALE), make_scale(1.0 / SCALE))
+        mag = SCALE if dtype == np.float32 else 2.0**8
+        scales = (make_scale(mag), make_scale(1.0 / mag))
         mine = [jnp.copy(g) for g in grads]
         t0 = time.perf_counter()
         out, found = jax.block_until_ready(f(mine, scales[0]))
@@ -160,10 +235,32 @@ def run_case(
             box[0], box[1] = jax.block_until_ready(out), 1 - box[1]
 
         cands[name] = run
+    # torch's op and the host bandwidth limit are CPU references: on a GPU
+    # backend they would measure the host, not the device.
+    on_cpu = jax.default_backend() == "cpu"
+    torch_run = torch_fused_candidate(total_bytes, n_leaves, dtype) if torch_ok else None
+    if torch_run is not None and on_cpu:
+        cands[TORCH] = torch_run
+    if on_cpu:
+        cands[LIMIT] = bandwidth_candidate(total_bytes, threads)
     rows = _harness.measure(cands, baseline="plain copy", reps=reps, warmup=warmup)
     for r in rows:
-        r.extra["first_call_s"] = first_call[r.name][n_leaves]
+        key = f"{r.name} {np.dtype(dtype).name}"
+        if key in first_call:
+            r.extra["first_call_s"] = first_call[key][n_leaves]
     return rows, skipped
+
+
+def vs_torch(rows) -> dict[str, str]:
+    """Each row's median time over torch's fused op's (paired per repetition)."""
+    base = next((r for r in rows if r.name == TORCH), None)
+    if base is None:
+        return {}
+    out = {}
+    for r in rows:
+        ratios = [a / b for a, b in zip(r.times, base.times, strict=True)]
+        out[r.name] = f"{statistics.median(ratios):.2f}"
+    return out
 
 
 def run_torch_case(total_bytes: int, n_leaves: int, reps: int, warmup: int):
@@ -213,7 +310,25 @@ def _throughput(rows, total_bytes):
 
 def main(argv: list[str] | None = None) -> list[_harness.Table]:
     p = _harness.parser(__doc__.splitlines()[0], reps=10)
-    p.add_argument("--no-torch", action="store_true", help="skip the torch reference rows")
+    p.add_argument("--no-torch", action="store_true", help="skip torch's rows and tables")
+    p.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["float32", "float16"],
+        choices=["float32", "float16"],
+        help="gradient dtypes (default float32 float16)",
+    )
+    p.add_argument(
+        "--no-peers", action="store_true", help="only ours, the copy, torch and the floors"
+    )
+    p.add_argument("--leaves", type=int, nargs="+", default=None, help="leaf counts")
+    p.add_argument("--mib", type=int, default=256, help="gradient bytes in MiB (default 256)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="threads of the memory-bandwidth candidate (default: all cores)",
+    )
     p.add_argument(
         "--budget-s",
         type=float,
@@ -225,7 +340,8 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
     if args.tiny:
         total, leaf_counts, reps, warmup = 1 << 16, (1, 10, 100), 1, 1
     else:
-        total, leaf_counts, reps, warmup = 256 << 20, (1, 100, 10_000), args.reps, args.warmup
+        total, leaf_counts, reps, warmup = args.mib << 20, (1, 100, 10_000), args.reps, args.warmup
+    leaf_counts = tuple(args.leaves or leaf_counts)
 
     from _steps import ours_available
 
@@ -238,9 +354,28 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
 
     tables = []
     first_call: dict[str, dict[int, float]] = {}
-    for n in leaf_counts:
+    for dname, n in [(d, n) for d in args.dtypes for n in leaf_counts]:
+        dtype = {"float32": np.float32, "float16": np.float16}[dname]
         notes = [] if why is None else [f"ours not measured: {why}"]
-        rows, skipped = run_case(total, n, reps, warmup, why is None, first_call, args.budget_s)
+        if dtype != np.float32:
+            notes.append("float16: the peers are not run (their float32 rows show the pattern).")
+        notes.append(
+            f"{LIMIT}: {args.threads} thread(s); {DISPATCH}: jit's own cost for {n} donated "
+            "arrays in and out, which every jitted candidate pays and torch does not."
+        )
+        rows, skipped = run_case(
+            total,
+            n,
+            reps,
+            warmup,
+            why is None,
+            first_call,
+            args.budget_s,
+            dtype,
+            args.threads,
+            not args.no_peers,
+            torch_ok,
+        )
         if skipped:
             notes.append(
                 f"not run at {n} leaves (--budget-s {args.budget_s:g}): "
@@ -248,13 +383,14 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
                 + ". XLA:CPU compiles one kernel per leaf reduction."
             )
         columns = _throughput(rows, total)
+        columns["ratio to torch fused"] = vs_torch(rows)
         columns["first call, compile included (s)"] = {
-            r.name: f"{r.extra['first_call_s']:.2f}" for r in rows
+            r.name: f"{r.extra['first_call_s']:.2f}" for r in rows if "first_call_s" in r.extra
         }
         tables.append(
             _harness.Table(
                 workload="2. One pass over the gradients",
-                title=f"{total >> 20} MiB float32 over {n} leaves",
+                title=f"{total >> 20} MiB {dname} over {n} leaves",
                 baseline="plain copy",
                 rows=rows,
                 unit="ms",
@@ -264,7 +400,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
                 columns=columns,
             )
         )
-        if torch_ok:
+        if torch_ok and dtype == np.float32:
             rows = run_torch_case(total, n, reps, warmup)
             tables.append(
                 _harness.Table(

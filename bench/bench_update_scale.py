@@ -5,6 +5,8 @@ Workloads (each timed interleaved in one process, medians of --reps runs):
   vmap      the same scan over --population independent states (jax.vmap)
   mlp       a jitted SGD step of a small float16 MLP that calls update_scale,
             against the same step without it
+  compile   a fresh jit+compile of update_scale alone (one float32 state),
+            against a trivial jitted scalar function of the same arguments
 
 Prints per-step costs and ratios; the scan/vmap ratios decide "auto"
 (jax_amp_scale.dispatch.backends.AUTO_NATIVE).
@@ -81,6 +83,38 @@ def mlp_fn(backend: str | None, width: int, batch: int):
     return lambda: jax.block_until_ready(step(params, st))
 
 
+def trivial_scalar(scale, tracker, found):
+    """The compile-time baseline: one select and one add on the same scalars."""
+    return jnp.where(found, scale * 0.5, scale), tracker + 1
+
+
+def compile_fn(backend: str | None, gf: float = 2.0, bf: float = 0.5):
+    """A fresh trace, lowering and XLA compile each call (no jit cache hit)."""
+    args = (jnp.float32(2.0**16), jnp.int32(0), jnp.bool_(False))
+
+    def run():
+        if backend is None:
+
+            def fn(s, t, f):
+                return trivial_scalar(s, t, f)
+        else:
+
+            def fn(s, t, f):
+                return jas.amp_update_scale(
+                    s,
+                    t,
+                    f,
+                    growth_factor=gf,
+                    backoff_factor=bf,
+                    growth_interval=2000,
+                    backend=backend,
+                )
+
+        jax.jit(fn).lower(*args).compile()
+
+    return run
+
+
 def main(argv: list[str] | None = None) -> list[_harness.Table]:
     ap = _harness.parser(__doc__.splitlines()[0], reps=7)
     ap.formatter_class = argparse.RawTextHelpFormatter
@@ -146,6 +180,28 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
             unit="us",
             reps=args.reps * 3,
             warmup=args.warmup,
+        )
+    )
+    cands = {"trivial jitted scalar function": compile_fn(None)}
+    for b in backends:
+        cands[f"update_scale({b}), factors 2.0/0.5"] = compile_fn(b)
+    cands["update_scale(reference), factors 1.1/0.3"] = compile_fn("reference", 1.1, 0.3)
+    base = "trivial jitted scalar function"
+    creps = args.reps * 3
+    rows = _harness.measure(cands, baseline=base, reps=creps, warmup=args.warmup)
+    tables.append(
+        _harness.Table(
+            workload="4. The operator",
+            title="compile time: update_scale alone, one float32 state (fresh jit each run)",
+            baseline=base,
+            rows=rows,
+            unit="ms",
+            reps=creps,
+            warmup=args.warmup,
+            notes=[
+                "Power-of-two factors (the defaults) take exponent arithmetic; "
+                "others the exact integer product (jax_amp_scale/reference/exact_product.py)."
+            ],
         )
     )
     _harness.finish(args, tables)

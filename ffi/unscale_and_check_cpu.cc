@@ -111,7 +111,7 @@ void RunChunks(Work& w) {
 
 // Below this many elements in all the call is done on the calling thread:
 // waking pool threads costs more than it saves.
-constexpr int64_t kParallelMinElements = int64_t{1} << 20;
+constexpr int64_t kParallelMinElements = int64_t{1} << 16;
 // Chunk size: large enough to stream, small enough to balance the threads.
 constexpr int64_t kChunkElements = int64_t{1} << 18;
 

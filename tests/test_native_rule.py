@@ -40,3 +40,18 @@ def test_rule_header_under_sanitizers(tmp_path):
     res = subprocess.run([str(exe)], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.strip().endswith("ok")
+
+
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler on PATH")
+def test_float16_loop_f16c_equals_portable(tmp_path):
+    """tests/native/f16_test.cc: the F16C float16 loop against the portable one.
+
+    Optimised, no sanitizers: it walks every float32 pattern (about 10 s).
+    """
+    exe = tmp_path / "f16_test"
+    cmd = [CXX, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{ROOT / 'ffi'}"]
+    cmd += [str(ROOT / "tests" / "native" / "f16_test.cc"), "-o", str(exe)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    res = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip().endswith("ok")

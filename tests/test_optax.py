@@ -218,15 +218,20 @@ def test_both_skip_strategies_give_the_same_bits(found):
     state = inner.update(grads_at(1), state, params)[1]  # nonzero moments, count 1
     grads = jax.tree.map(lambda g: g.at[0].set(jnp.nan), grads_at(2)) if found else grads_at(2)
 
-    def skip(by_select):
+    def skip(by_select, flag_in_memory=False):
         return jax.jit(
-            lambda g, s, p, f: _update_unless(f, inner, g, s, p, {}, by_select=by_select)
+            lambda g, s, p, f: _update_unless(
+                f, inner, g, s, p, {}, by_select=by_select, flag_in_memory=flag_in_memory
+            )
         )(grads, state, params, jnp.array(found))
 
     (u_sel, s_sel, b_sel), (u_cond, s_cond, b_cond) = skip(True), skip(False)
     assert not bool(b_sel) and not bool(b_cond)
+    u_one, s_one, _ = skip(True, flag_in_memory=True)  # one native call's flag: no cond
     tree_equal(u_sel, u_cond)
     tree_equal(s_sel, s_cond)
+    tree_equal(u_one, u_cond)
+    tree_equal(s_one, s_cond)
     if found:
         tree_equal(s_sel, state)
         tree_equal(u_sel, jax.tree.map(jnp.zeros_like, grads))

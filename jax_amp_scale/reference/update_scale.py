@@ -2,7 +2,9 @@
 
 The products ``scale * factor`` are computed by `exact_product.mul_by_factor`,
 which rounds as torch does (exact product, to float64, to the scale dtype)
-with integer ops only; so this lowering, the native handlers and
+with integer ops only: exponent arithmetic when the factor is a power of two
+(the defaults 2.0 and 0.5; compiles about as fast as a trivial scalar
+function), the exact multi-limb product otherwise; so this lowering, the native handlers and
 ``torch._amp_update_scale_`` agree bit for bit for float32 scales and any
 factor, and XLA:CPU's flush-to-zero cannot touch subnormal scales.
 """

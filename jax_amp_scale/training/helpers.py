@@ -19,7 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_amp_scale.ops.gradient_pass import native_flag_expected, unscale_and_check_leaves
+from jax_amp_scale.ops.gradient_pass import (
+    native_flag_calls,
+    native_flag_expected,
+    unscale_and_check_leaves,
+)
 from jax_amp_scale.ops.update_scale import or_across
 from jax_amp_scale.reference.gradient_pass import (
     compute_dtype,
@@ -195,6 +199,12 @@ def fused_pass_expected(tree: PyTree, backend: Backend) -> bool:
     """Whether `unscale_and_check` will take its found flag from a native call on `tree`."""
     leaves = [x for x in jax.tree_util.tree_leaves(tree) if is_float_leaf(x)]
     return native_flag_expected(leaves, check_backend(backend))
+
+
+def fused_pass_calls(tree: PyTree, backend: Backend) -> int:
+    """How many native calls `unscale_and_check`'s found flag comes from (0: none)."""
+    leaves = [x for x in jax.tree_util.tree_leaves(tree) if is_float_leaf(x)]
+    return native_flag_calls(leaves, check_backend(backend))
 
 
 def unscale_and_check(

@@ -154,6 +154,7 @@ def _update_unless(
     by_select: bool,
     check: Callable[[Any], jax.Array] | None = None,
     on_skip: Callable[[], None] | None = None,
+    flag_in_memory: bool = False,
 ) -> tuple[Any, Any, jax.Array]:
     """inner.update(...), or (zero updates, inner_state unchanged) when `found`.
 
@@ -163,12 +164,16 @@ def _update_unless(
     (a ``jax.debug.callback``) only where the step is dropped for `found`.
 
     `by_select` picks how the step is skipped; both give the same bits.
+    `flag_in_memory`: `found` is one native call's own result (no OR of
+    several), so the selects can read it as it is.
     A select per leaf fuses into that leaf's update kernel (no extra pass, and
     the fewest kernels to compile), but only when `found` is a value XLA
     cannot recompute: the fused native pass's flag.  A flag built from
     per-leaf reductions is recomputed inside every leaf's kernel (compile
     time then grows with the square of the tree) and the unscale fuses into
     each reader: for those, one ``lax.cond`` (bench/RESULTS.md).
+    `flag_in_memory`: `found` is one native call's own result (no OR of
+    several), so the selects can read it as it is.
     """
 
     def raw(operands: tuple[Any, Any]) -> tuple[Any, Any]:
@@ -182,12 +187,17 @@ def _update_unless(
         # A cond with constant branches hands the selects one materialised
         # flag (the OR of several native calls, say) that XLA cannot copy
         # into each kernel; optimization_barrier does not stop that on XLA:CPU.
+        # With one native call (and no on_skip to run) the flag already is
+        # such a value; the cond would only cost compile time.
         def yes() -> jax.Array:
             if on_skip is not None:
                 on_skip()
             return jnp.bool_(True)
 
-        dropped = jax.lax.cond(found, yes, lambda: jnp.bool_(False))
+        if flag_in_memory and on_skip is None:
+            dropped = found
+        else:
+            dropped = jax.lax.cond(found, yes, lambda: jnp.bool_(False))
         if check is not None:
             dropped = dropped | bad
         updates = jax.tree_util.tree_map(
@@ -490,11 +500,8 @@ def loss_scaled(
         if emit is not None:
             skip_flag = ~emit if skip_flag is None else skip_flag | ~emit
         if skip_flag is not None:
-            by_select = (
-                emit is None
-                and not old_kind.is_identity
-                and helpers.fused_pass_expected(updates, unscale_backend)
-            )
+            calls = helpers.fused_pass_calls(updates, unscale_backend)
+            by_select = emit is None and not old_kind.is_identity and calls > 0
             new_updates, new_inner, bad = _update_unless(
                 skip_flag,
                 inner,
@@ -506,6 +513,7 @@ def loss_scaled(
                 check=check,
                 # Inside the skip branch: no second conditional on a plain step.
                 on_skip=on_skip if drop and emit is None else None,
+                flag_in_memory=calls == 1 and axis_name is None,
             )
             if on_skip is not None and not (drop and emit is None):
                 jax.lax.cond(found, on_skip, lambda: None)

@@ -1,0 +1,110 @@
+// The unscale loops: x86's F16C (float16) and AVX2 (float32) paths against
+// the portable ones.
+//
+// Every float16 pattern (NaN inputs with a NaN inverse scale excepted), for
+// inverse scales that reach overflow, subnormal
+// results, zero and NaN, in place and out of place with a ragged tail, under
+// the handler's flush modes: same bits and same flag.  Then every float32
+// pattern through vcvtps2ph against FloatToHalf.  Prints "ok" (or "skipped ok"
+// on a CPU or target without F16C).
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "unscale_and_check.h"
+
+#ifdef JAS_HAVE_F16C_PATH
+// Every float32 pattern through vcvtps2ph against FloatToHalf; mismatches.
+__attribute__((target("f16c"))) long CompareEveryFloat(long bad) {
+  uint32_t u = 0;
+  do {
+    const float f = jas::F32FromBits(u);
+    const uint16_t hw = static_cast<uint16_t>(
+        _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (hw != jas::FloatToHalf(f) && bad++ < 20) {
+      std::printf("float %08x: vcvtps2ph %04x FloatToHalf %04x\n", u, hw, jas::FloatToHalf(f));
+    }
+  } while (++u != 0);
+  return bad;
+}
+#endif
+
+int main() {
+#ifndef JAS_HAVE_F16C_PATH
+  std::printf("skipped ok\n");
+  return 0;
+#else
+  if (!jas::HaveF16c()) {
+    std::printf("skipped ok\n");
+    return 0;
+  }
+  jas::ScopedFlushDenormals modes;
+  const float invs[] = {1.0f,     0.5f,     0x1p-15f, 0x1p15f,  3.0f,
+                        1.0f / 3, 0x1p-24f, 0x1p-30f, 65504.0f, 0x1p-140f,
+                        0.0f,     -2.0f,    std::numeric_limits<float>::infinity(),
+                        std::numeric_limits<float>::quiet_NaN()};
+  const int64_t n = 65536 + 5;  // a tail the vector loop leaves to the portable one
+  std::vector<uint16_t> src(n), a(n), b(n), c(n);
+  for (int64_t i = 0; i < n; ++i) src[i] = static_cast<uint16_t>(i);
+  long bad = 0;
+  for (float inv : invs) {
+    for (int64_t skip = 0; skip < 2; ++skip) {  // the flag: with and without non-finite
+      const int64_t m = skip ? 0x7c00 : n;  // below 0x7c00 every input is finite
+      a = src;
+      const bool fa = jas::UnscaleF16F16c(a.data(), a.data(), m, inv);  // in place
+      const bool fb = jas::UnscaleF16Portable(src.data(), b.data(), m, inv);
+      const bool fc = jas::UnscaleF16F16c(src.data(), c.data(), m, inv);  // out of place
+      if (fa != fb || fc != fb) {
+        std::printf("flag differs: inv %a, m %lld\n", inv, static_cast<long long>(m));
+        ++bad;
+      }
+      {
+        for (int64_t i = 0; i < m; ++i) {
+          // NaN times NaN: which payload survives is the compiler's operand
+          // order (multiplication commutes), in XLA's kernels too; not compared.
+          if (inv != inv && (src[i] & 0x7fffu) > 0x7c00u) continue;
+          if ((a[i] != b[i] || c[i] != b[i]) && bad++ < 10) {
+            std::printf("inv %a x %04x: f16c %04x/%04x portable %04x\n", inv,
+                        static_cast<unsigned>(src[i]), a[i], c[i], b[i]);
+          }
+        }
+      }
+    }
+  }
+  bad = CompareEveryFloat(bad);
+  // float32: the AVX2 loop against the portable one, on a sweep of patterns
+  // (every exponent, edge and strided significands, both signs) with a tail.
+  if (jas::HaveAvx2()) {
+    std::vector<float> x;
+    for (uint32_t e = 0; e < 256; ++e) {
+      for (uint32_t m = 0; m < (1u << 23); m += 4099u) {
+        x.push_back(jas::F32FromBits((e << 23) | m));
+        x.push_back(jas::F32FromBits(0x80000000u | (e << 23) | m | 1u));
+      }
+    }
+    x.push_back(1.0f);  // an odd count: a tail for the portable loop
+    std::vector<float> p(x.size()), q(x.size());
+    for (float inv : invs) {
+      p = x;
+      const bool fa = jas::UnscaleF32Avx2(p.data(), p.data(), p.size(), inv);
+      const bool fb = jas::UnscaleF32Portable(x.data(), q.data(), q.size(), inv);
+      if (fa != fb) ++bad;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const uint32_t xa = jas::F32Bits(x[i]);
+        if (inv != inv && (xa & 0x7fffffffu) > 0x7f800000u) continue;  // NaN * NaN
+        if (jas::F32Bits(p[i]) != jas::F32Bits(q[i]) && bad++ < 30) {
+          std::printf("f32 inv %a x %08x: avx2 %08x portable %08x\n", inv, xa,
+                      jas::F32Bits(p[i]), jas::F32Bits(q[i]));
+        }
+      }
+    }
+  }
+  if (bad != 0) {
+    std::printf("%ld mismatches\n", bad);
+    return 1;
+  }
+  std::printf("ok\n");
+  return 0;
+#endif
+}
