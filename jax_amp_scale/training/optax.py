@@ -37,14 +37,6 @@ from jax_amp_scale.state.scale_state import ScaleState
 from jax_amp_scale.state.validation import Backend, check_backend, check_bool
 from jax_amp_scale.training import helpers, loss_scale_kinds
 
-__all__ = [
-    "LossScaledState",
-    "SkipReason",
-    "get_loss_scaled_state",
-    "loss_scaled",
-    "optimizer_step",
-]
-
 
 class SkipReason(enum.IntEnum):
     """Why `loss_scaled` did or did not apply a step (``LossScaledState.reason``).
