@@ -13,6 +13,7 @@ import jax_amp_scale as jas
 from jax_amp_scale.lowering import gradient_pass as _fused
 from jax_amp_scale.platforms import native
 from jax_amp_scale.training import helpers as _scaling
+from tests.jax_compat import LOWERS_EVERY_BRANCH, export_for, set_mesh
 
 pytestmark = pytest.mark.skipif(
     "cpu" not in native.platforms("unscale_and_check"), reason="native CPU module not built"
@@ -206,7 +207,13 @@ def test_loss_scaled_steps_equal_with_both_passes():
 
     (p_ffi, s_ffi), (p_ref, s_ref) = run("ffi"), run("reference")
     for a, b in zip(jax.tree.leaves((p_ffi, s_ffi)), jax.tree.leaves((p_ref, s_ref)), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        if LOWERS_EVERY_BRANCH:
+            # jax 0.6's XLA fuses adam's update differently around the two
+            # skips (select vs cond) and rounds it 1 ulp apart; the passes'
+            # own bits are compared exactly in the tests above.
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-7, atol=0)
+        else:
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert int(s_ffi.skipped_steps) == 1
 
 
@@ -229,7 +236,7 @@ def test_explicitly_sharded_leaves_take_the_reference_under_auto():
 
     mesh = jax.make_mesh((1,), ("x",), axis_types=(AxisType.Explicit,))
     g = jax.device_put(jnp.ones((16,), jnp.float32), NamedSharding(mesh, PartitionSpec("x")))
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         text = jax.jit(_check("auto")).lower([g], jnp.float32(2.0)).as_text()
         with pytest.raises(ValueError, match="backend='ffi' cannot take explicitly sharded"):
             _check("ffi")([g], jnp.float32(2.0))
@@ -246,12 +253,10 @@ def test_ffi_backend_on_a_platform_without_handler_fails_clearly():
     # auto and reference lower anywhere: the reference where no handler exists.
     args = ([jnp.ones(3)], jnp.float32(2.0))
     f = functools.partial(jas.unscale_and_check, backend="auto")
-    assert (
-        "jas_unscale_and_check"
-        not in export.export(jax.jit(f), platforms=["cuda"])(*args).mlir_module()
-    )
+    text = export_for(f, ["cuda"], *args).mlir_module()
+    assert LOWERS_EVERY_BRANCH or "jas_unscale_and_check" not in text
     f = functools.partial(jas.unscale_and_check, backend="reference")
-    export.export(jax.jit(f), platforms=["cuda", "cpu"])(*args)
+    assert "jas_unscale_and_check" not in export_for(f, ["cuda", "cpu"], *args).mlir_module()
 
 
 def test_bad_backend_is_named():
