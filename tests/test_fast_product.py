@@ -1,8 +1,10 @@
 """The power-of-two fast path of scale * factor equals the exact integer product.
 
 `exact_product.mul_by_factor` takes `mul_by_power_of_two` (a few integer ops,
-fast to compile) when the static factor is a power of two, and the exact
-77-bit integer product (`mul_by_factor_exact`) otherwise.  Compared bit for
+fast to compile) when the static factor is a power of two, the float64
+multiply (`mul_float32_in_float64`) for other factors and float32 scales on
+CPU/GPU, and the exact 77-bit integer product (`mul_by_factor_exact`)
+otherwise.  Compared bit for
 bit with the exact path over every float16 and bfloat16 bit pattern and a
 large float32 sample (random bits plus every exponent with edge
 significands: zeros, subnormals, the normal/subnormal boundary, max, inf,
@@ -21,7 +23,9 @@ import pytest
 from jax_amp_scale.reference import exact_product as ep
 
 POW2 = [2.0, 0.5, 4.0, 0.25, 2.0**-10, 2.0**24, 2.0**-149, 2.0**200, 2.0**-1074, 2.0**1023]
-OTHER = [1.1, 0.3, 1.5, 3.0, 1e-3]
+# Beyond the usual: products under float32's normal range, past its max, and
+# under float64's normal range (flushed by XLA:CPU, 0 in float32 either way).
+OTHER = [1.1, 0.3, 1.5, 3.0, 1e-3, 0.999999, 7.3e-40, 3 * 2.0**-149, 1e300, 1e-300]
 DTYPES = {"float32": jnp.float32, "float16": jnp.float16, "bfloat16": jnp.bfloat16}
 NP_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
@@ -98,3 +102,24 @@ def test_bfloat16_power_of_two_matches_numpy(factor):
     got = np.asarray(kernel("bfloat16", factor, "dispatch")(bits)).view(ml_dtypes.bfloat16)
     nan = np.isnan(want.astype(np.float32))
     np.testing.assert_array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
+
+
+def lowered_text(factor, platforms):
+    fn = jax.jit(lambda b: ep.mul_by_factor(b, jnp.float32, factor))
+    exported = jax.export.export(fn, platforms=platforms)(jax.ShapeDtypeStruct((), jnp.uint32))
+    return exported.mlir_module()
+
+
+def test_float32_scale_multiplies_in_float64_on_cpu_and_gpu():
+    """What makes the reference compile fast: one float64 multiply, not the
+    multi-limb integer product, on the platforms listed as having float64."""
+    assert ep.FLOAT64_PLATFORMS == ("cpu", "cuda", "rocm")
+    for platform in ("cpu", "cuda"):
+        text = lowered_text(1.1, (platform,))
+        # m * 2**-149 (subnormal scale), x * factor, p * 2**149
+        assert text.count("stablehlo.multiply") == 3, text
+        assert "f64" in text
+    tpu = lowered_text(1.1, ("tpu",))
+    assert "f64" not in tpu
+    # The exact product: 2 scale limbs times 5 limbs of 1.1's significand.
+    assert tpu.count("stablehlo.multiply") == 10
