@@ -1,7 +1,8 @@
 """Workload 1: step overhead of loss scaling in a jitted MLP training step.
 
 An MLP of about 4.2M parameters (4 dense layers 1024x1024 with biases),
-batch 256, float32 master weights cast to float16 for the matmuls, a float32
+batch 256, float32 master weights cast to the compute dtype for the matmuls
+(float16, and float32: one table each, --compute), a float32
 mean-squared-error loss and SGD with momentum.  Every candidate runs the same
 model and optimizer; each is reported as a ratio to the plain step (no
 scaling), from repetitions interleaved in this one process.
@@ -25,8 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness
 import _steps
 
-COMPUTE = jnp.float16
-
 
 def init_mlp(key: jax.Array, width: int, depth: int) -> list[dict[str, jax.Array]]:
     keys = jax.random.split(key, depth)
@@ -39,22 +38,26 @@ def init_mlp(key: jax.Array, width: int, depth: int) -> list[dict[str, jax.Array
     ]
 
 
-def mlp_loss(params: list[dict[str, jax.Array]], batch: tuple[jax.Array, jax.Array]) -> jax.Array:
-    """float16 compute, float32 loss; gradients arrive in float32 (the params' dtype)."""
-    x, y = batch
-    h = x.astype(COMPUTE)
-    for i, layer in enumerate(params):
-        h = h @ layer["w"].astype(COMPUTE) + layer["b"].astype(COMPUTE)
-        if i < len(params) - 1:
-            h = jax.nn.relu(h)
-    return jnp.mean(jnp.square(h.astype(jnp.float32) - y))
+def mlp_loss(compute: jnp.dtype) -> _steps.LossFn:
+    """`compute` matmuls, float32 loss; gradients arrive in float32 (the params' dtype)."""
+
+    def loss(params: list[dict[str, jax.Array]], batch: tuple[jax.Array, jax.Array]) -> jax.Array:
+        x, y = batch
+        h = x.astype(compute)
+        for i, layer in enumerate(params):
+            h = h @ layer["w"].astype(compute) + layer["b"].astype(compute)
+            if i < len(params) - 1:
+                h = jax.nn.relu(h)
+        return jnp.mean(jnp.square(h.astype(jnp.float32) - y))
+
+    return loss
 
 
 def n_params(params) -> int:
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
 
 
-def build(width: int, depth: int, batch: int, steps: dict[str, _steps.Builder]):
+def build(width: int, depth: int, batch: int, steps: dict[str, _steps.Builder], compute):
     """name -> (jitted step, initial carry), plus the batch and the param count."""
     kp, kx, ky = jax.random.split(jax.random.PRNGKey(0), 3)
     params = init_mlp(kp, width, depth)
@@ -65,7 +68,7 @@ def build(width: int, depth: int, batch: int, steps: dict[str, _steps.Builder]):
     opt = optax.sgd(1e-3, momentum=0.9)
     built = {}
     for name, builder in steps.items():
-        carry, step = builder(mlp_loss, params, opt)
+        carry, step = builder(mlp_loss(compute), params, opt)
         built[name] = (jax.jit(step), carry)
     return built, data, n_params(params)
 
@@ -85,33 +88,25 @@ def runner(step, carry, data):
     return run
 
 
-def main(argv: list[str] | None = None) -> list[_harness.Table]:
-    p = _harness.parser(__doc__.splitlines()[0], reps=15)
-    args = p.parse_args(argv)
-    width, depth, batch = (32, 2, 8) if args.tiny else (1024, 4, 256)
-    reps, warmup = (1, 1) if args.tiny else (args.reps, args.warmup)
-
-    notes = []
-    why = _steps.ours_available()
-    backends = _steps.backends() if why is None else ()
-    if why is not None:
-        notes.append(f"our candidates not measured: {why}")
-    built, data, count = build(width, depth, batch, _steps.candidates(backends))
+def run_table(width, depth, batch, reps, warmup, backends, why, compute: str) -> _harness.Table:
+    """Every candidate's step with `compute` matmuls, interleaved."""
+    notes = [] if why is None else [f"our candidates not measured: {why}"]
+    built, data, count = build(width, depth, batch, _steps.candidates(backends), jnp.dtype(compute))
     cands = {name: runner(step, carry, data) for name, (step, carry) in built.items()}
     rows = _harness.measure(cands, baseline="plain", reps=reps, warmup=warmup)
     base = rows[0].median
     overhead = {r.name: f"{(r.median - base) * 1e3:+.2f}" for r in rows}
     notes.append(
         f"{count / 1e6:.2f}M parameters ({depth} x dense {width}x{width} + bias), batch {batch}, "
-        "float16 compute, float32 master weights, optax.sgd(1e-3, momentum=0.9); "
+        f"{compute} compute, float32 master weights, optax.sgd(1e-3, momentum=0.9); "
         "each step jitted, carry threaded, blocked on."
     )
     notes.append(
         "optax apply_if_finite has no dynamic scale: a static scale 2**15, unscaled by hand."
     )
-    table = _harness.Table(
+    return _harness.Table(
         workload="1. Step overhead",
-        title=f"MLP {count / 1e6:.1f}M params, batch {batch}, float16 compute",
+        title=f"MLP {count / 1e6:.1f}M params, batch {batch}, {compute} compute",
         baseline="plain",
         rows=rows,
         unit="ms",
@@ -120,7 +115,26 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         notes=notes,
         columns={"overhead (ms)": overhead},
     )
-    tables = [table]
+
+
+def main(argv: list[str] | None = None) -> list[_harness.Table]:
+    p = _harness.parser(__doc__.splitlines()[0], reps=15)
+    p.add_argument(
+        "--compute",
+        nargs="+",
+        default=["float16", "float32"],
+        choices=["float16", "float32"],
+        help="compute dtypes, one table each (default float16 float32)",
+    )
+    args = p.parse_args(argv)
+    width, depth, batch = (32, 2, 8) if args.tiny else (1024, 4, 256)
+    reps, warmup = (1, 1) if args.tiny else (args.reps, args.warmup)
+
+    why = _steps.ours_available()
+    backends = _steps.backends() if why is None else ()
+    tables = []
+    for compute in args.compute:
+        tables.append(run_table(width, depth, batch, reps, warmup, backends, why, compute))
     _harness.finish(args, tables)
     return tables
 

@@ -1,8 +1,8 @@
 """The power-of-two fast path of scale * factor equals the exact integer product.
 
-`exact_product.mul_by_factor` takes `mul_by_power_of_two` (a few integer ops,
+`product.mul_by_factor` takes `mul_by_power_of_two` (a few integer ops,
 fast to compile) when the static factor is a power of two, the float64
-multiply (`mul_float32_in_float64`) for other factors and float32 scales on
+multiply (`float64_product`) for other factors and float32 scales on
 CPU/GPU, and the exact 77-bit integer product (`mul_by_factor_exact`)
 otherwise.  Compared bit for
 bit with the exact path over every float16 and bfloat16 bit pattern and a
@@ -19,8 +19,10 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from jax import export
 
 from jax_amp_scale.reference import exact_product as ep
+from jax_amp_scale.reference import float64_product, product
 
 POW2 = [2.0, 0.5, 4.0, 0.25, 2.0**-10, 2.0**24, 2.0**-149, 2.0**200, 2.0**-1074, 2.0**1023]
 # Beyond the usual: products under float32's normal range, past its max, and
@@ -33,7 +35,7 @@ NP_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes
 @functools.cache
 def kernel(dtype_name, factor, path):
     dtype = DTYPES[dtype_name]
-    fn = {"dispatch": ep.mul_by_factor, "exact": ep.mul_by_factor_exact}[path]
+    fn = {"dispatch": product.mul_by_factor, "exact": ep.mul_by_factor_exact}[path]
     return jax.jit(lambda b: fn(b, dtype, factor))
 
 
@@ -105,15 +107,15 @@ def test_bfloat16_power_of_two_matches_numpy(factor):
 
 
 def lowered_text(factor, platforms):
-    fn = jax.jit(lambda b: ep.mul_by_factor(b, jnp.float32, factor))
-    exported = jax.export.export(fn, platforms=platforms)(jax.ShapeDtypeStruct((), jnp.uint32))
+    fn = jax.jit(lambda b: product.mul_by_factor(b, jnp.float32, factor))
+    exported = export.export(fn, platforms=platforms)(jax.ShapeDtypeStruct((), jnp.uint32))
     return exported.mlir_module()
 
 
 def test_float32_scale_multiplies_in_float64_on_cpu_and_gpu():
     """What makes the reference compile fast: one float64 multiply, not the
     multi-limb integer product, on the platforms listed as having float64."""
-    assert ep.FLOAT64_PLATFORMS == ("cpu", "cuda", "rocm")
+    assert float64_product.FLOAT64_PLATFORMS == ("cpu", "cuda", "rocm")
     for platform in ("cpu", "cuda"):
         text = lowered_text(1.1, (platform,))
         # m * 2**-149 (subnormal scale), x * factor, p * 2**149
@@ -123,3 +125,21 @@ def test_float32_scale_multiplies_in_float64_on_cpu_and_gpu():
     assert "f64" not in tpu
     # The exact product: 2 scale limbs times 5 limbs of 1.1's significand.
     assert tpu.count("stablehlo.multiply") == 10
+
+
+def test_float64_product_eager_vmapped_and_exported_for_several_platforms():
+    """The primitive outside jit, under vmap, and in a program exported for
+    CPU and TPU at once (one lowering rule each), against NumPy."""
+    bits = np.array([0x3F800000, 1, 0x007FFFFF, 0x7F7FFFFF, 0x80000003, 0x00800000], np.uint32)
+    with np.errstate(over="ignore"):
+        want = (bits.view(np.float32).astype(np.float64) * 1.1).astype(np.float32).view(np.uint32)
+
+    def fn(b):
+        return product.mul_by_factor(b, jnp.float32, 1.1)
+
+    np.testing.assert_array_equal(np.asarray(fn(jnp.asarray(bits))), want)
+    batched = jax.vmap(jax.jit(fn))(jnp.asarray(bits).reshape(2, 3))
+    np.testing.assert_array_equal(np.asarray(batched).ravel(), want)
+    spec = jax.ShapeDtypeStruct(bits.shape, jnp.uint32)
+    exported = export.export(jax.jit(fn), platforms=("cpu", "tpu"))(spec)
+    np.testing.assert_array_equal(np.asarray(exported.call(jnp.asarray(bits))), want)

@@ -1,4 +1,4 @@
-"""CANN's rule for ``scale * factor`` in integer ops (``rule="cann"``).
+"""CANN's rule for ``scale * factor`` (``rule="cann"``), exact on every platform.
 
 CANN's published ``aclnnAmpUpdateScale`` kernel (hicann/ops-math
 ``math/amp_update_scale/``) rounds the factors to float32
@@ -9,12 +9,13 @@ finite (``:86-93``, ``:147``) and casts to the scale's dtype at the store
 (``:162-172``).  The library adds a guard: growth is also refused when the
 stored value is infinite.
 
-Here every step is exact integer arithmetic (XLA:CPU flushes subnormals in
-float arithmetic), mirroring ``RuleProduct`` in ``ffi/update_scale.h``:
+Here no step can meet XLA:CPU's flush-to-zero of subnormals, mirroring
+``RuleProduct`` in ``ffi/update_scale.h``:
 
 * a float32 scale times the float32 factor is ``mul_by_factor(bits,
-  float32, float(np.float32(factor)))``: the exact product of two 24-bit
-  significands fits float64, so torch-style rounding rounds once, to float32;
+  float32, float(np.float32(factor)))`` (`product`): the exact product of
+  two 24-bit significands fits float64, so torch-style rounding rounds once,
+  to float32;
 * a float16/bfloat16 scale is widened to float32 bits, multiplied so, and
   the float32 bits are rounded to the scale dtype (nearest even).
 """
@@ -25,7 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_amp_scale.reference.exact_product import FORMATS, mul_by_factor
+from jax_amp_scale.reference.exact_product import FORMATS
+from jax_amp_scale.reference.product import mul_by_factor
 
 _F32 = jnp.dtype(jnp.float32)
 _F32_INF = 0x7F800000

@@ -14,27 +14,19 @@ The 77-bit product of a 24-bit scale significand and the factor's static
 partial product fits in 32 bits without x64 mode.
 
 That general path is about 1,800 lines of optimized HLO and takes 0.3-0.5 s
-to compile.  `mul_by_factor` picks a faster path that gives the same bits:
-
-* a power-of-two factor (the defaults 2.0 and 0.5), every platform:
-  `mul_by_power_of_two`, a handful of integer ops.  ``x * 2**k`` is exact in
-  float64 unless it leaves float64's normal range, and there the float32/16
-  result is 0 or inf either way, so torch's two roundings collapse into one,
-  done on the exponent field;
-* any other factor and a float32 scale, on platforms with native float64
-  (`FLOAT64_PLATFORMS`): `mul_float32_in_float64`, torch's own float64
-  multiply, with the scale widened and the result narrowed by integer ops
-  wherever a float op could meet a subnormal (XLA:CPU flushes them).
-  Other platforms and float16/bfloat16 scales take the integer product.
+to compile.  When the factor is a power of two (the defaults 2.0 and 0.5)
+`mul_by_power_of_two` gives the same bits with a handful of integer ops:
+``x * 2**k`` is exact in float64 unless it leaves float64's normal range,
+and there the float32/16 result is 0 or inf either way, so torch's two
+roundings collapse into one, done on the exponent field.  `product.mul_by_factor`
+picks the fastest path that gives the same bits.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import math
 import struct
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -162,72 +154,6 @@ def mul_by_power_of_two(bits: jax.Array, dtype: np.dtype, k: int) -> jax.Array:
     out = jnp.where((mag == fm.inf_bits) | (mag == 0), b, out)
     out = jnp.where(mag > fm.inf_bits, b | _u32(fm.quiet_bit), out)
     return out.astype(fm.bits_dtype)
-
-
-# Platforms whose XLA backend has float64 arithmetic in hardware.  TPU and
-# plugin platforms (Ascend among them) may not: they take the integer path.
-FLOAT64_PLATFORMS = ("cpu", "cuda", "rocm")
-
-
-def _float64_on() -> contextlib.AbstractContextManager[Any]:
-    """Traces float64 ops whatever jax_enable_x64 says."""
-    ctx: Any = getattr(jax, "enable_x64", None)
-    if ctx is None:  # older jax (0.6) has only the experimental context manager
-        ctx = importlib.import_module("jax.experimental").enable_x64
-    return ctx(True)
-
-
-def mul_float32_in_float64(bits: jax.Array, factor: float) -> jax.Array:
-    """Bits of ``value(bits) * factor`` for float32 `bits` (uint32), by torch's
-    own arithmetic: the float64 product, rounded to float32.
-
-    Only the multiply is a float op, on operands and a result that float64
-    holds as normal numbers.  Around it, integer ops keep XLA:CPU's
-    flush-to-zero away: a subnormal scale is widened as ``significand *
-    2**-149`` (not by a float32 convert, which reads it as 0), and a product
-    below float32's normal range is rounded to a subnormal by an integer
-    round-half-even of ``p * 2**149`` (not by a convert, which flushes it).
-    A product below float64's normal range, flushed or not, gives 0 either
-    way: it is far below half of float32's smallest subnormal.
-    """
-    f64 = np.float64
-    b = bits.astype(jnp.uint32)
-    sign = b & _u32(0x80000000)
-    mag = b & _u32(0x7FFFFFFF)
-    with _float64_on():
-        normal_in = jax.lax.bitcast_convert_type(mag, jnp.float32).astype(f64)
-        subnormal_in = (mag & _u32(0x7FFFFF)).astype(f64) * f64(2.0**-149)
-        x = jnp.where((mag >> 23) == 0, subnormal_in, normal_in)
-        p = x * f64(factor)
-        normal_out = jax.lax.bitcast_convert_type(p.astype(jnp.float32), jnp.uint32)
-        ticks = jax.lax.round(p * f64(2.0**149), jax.lax.RoundingMethod.TO_NEAREST_EVEN)
-        # ticks <= 2**23: 2**23 ticks is float32's smallest normal, 2**-126.
-        out = jnp.where(p >= f64(2.0**-126), normal_out, ticks.astype(jnp.uint32))
-    out = sign | out
-    out = jnp.where((mag == 0x7F800000) | (mag == 0), b, out)
-    return jnp.where(mag > 0x7F800000, b | _u32(0x00400000), out)
-
-
-def mul_by_factor(bits: jax.Array, dtype: np.dtype, factor: float) -> jax.Array:
-    """Bits of ``value(bits) * factor`` rounded as torch does, by the fastest
-    path for the static factor, the dtype and the lowering platform (see the
-    module doc); every path gives the same bits."""
-    k = power_of_two_exponent(factor)
-    if k is not None:
-        return mul_by_power_of_two(bits, dtype, k)
-    if jnp.dtype(dtype) != jnp.dtype(jnp.float32):
-        return mul_by_factor_exact(bits, dtype, factor)
-
-    def in_float64(b: jax.Array) -> jax.Array:
-        return mul_float32_in_float64(b, factor)
-
-    def in_integers(b: jax.Array) -> jax.Array:
-        return mul_by_factor_exact(b, dtype, factor)
-
-    out: jax.Array = jax.lax.platform_dependent(
-        bits, default=in_integers, **dict.fromkeys(FLOAT64_PLATFORMS, in_float64)
-    )
-    return out
 
 
 def mul_by_factor_exact(bits: jax.Array, dtype: np.dtype, factor: float) -> jax.Array:

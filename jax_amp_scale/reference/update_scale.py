@@ -1,12 +1,14 @@
 """The update rule in plain jax.numpy/lax: runs on every JAX platform.
 
-The products ``scale * factor`` are computed by `exact_product.mul_by_factor`,
-which rounds as torch does (exact product, to float64, to the scale dtype)
-with integer ops only: exponent arithmetic when the factor is a power of two
-(the defaults 2.0 and 0.5; compiles about as fast as a trivial scalar
-function), the exact multi-limb product otherwise; so this lowering, the native handlers and
-``torch._amp_update_scale_`` agree bit for bit for float32 scales and any
-factor, and XLA:CPU's flush-to-zero cannot touch subnormal scales.
+The products ``scale * factor`` are computed by `product.mul_by_factor`,
+which rounds as torch does (exact product, to float64, to the scale dtype):
+exponent arithmetic when the factor is a power of two (the defaults 2.0 and
+0.5), one float64 multiply for other factors and float32 scales on CPU/GPU,
+the exact multi-limb integer product otherwise; each compiles about as fast
+as a trivial scalar function except the last.  So this lowering, the native
+handlers and ``torch._amp_update_scale_`` agree bit for bit for float32
+scales and any factor, and XLA:CPU's flush-to-zero cannot touch subnormal
+scales.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from jax_amp_scale.reference.cann_rule import cann_product
-from jax_amp_scale.reference.exact_product import FORMATS, mul_by_factor
+from jax_amp_scale.reference.exact_product import FORMATS
+from jax_amp_scale.reference.product import mul_by_factor
 
 
 # Jitted so that an eager (un-jitted) call runs as one compiled kernel instead
