@@ -18,10 +18,11 @@ Side by side in the same table, interleaved:
 * "memory-bandwidth limit": NumPy's in-place ``np.negative(x, out=x)`` over
   one contiguous buffer of the same bytes, split over --threads threads (one
   read and one write of every byte, no per-array overhead);
-* ours inside a program: a call that runs the pass twice (scale, then its
-  inverse) minus the one-pass call, paired per repetition: what one more pass
-  costs inside a compiled step, where the gradients are not jit arguments and
-  jit's per-array cost (the floor above) is not paid for them.
+* ours inside a program: one compiled loop that runs the pass `n` times
+  (the scale and its inverse in turn; `n` is an argument, so one executable),
+  called with n=3 and n=1; half the difference, paired per repetition, is
+  what one pass costs inside a compiled step, where the gradients are not
+  jit arguments and jit's per-array cost (the floor above) is not paid.
 
 The float16 table runs ours, the copy, torch and the floors only (the
 peers' float32 rows show their pattern).
@@ -51,8 +52,9 @@ TORCH = "torch fused (_amp_foreach_non_finite_check_and_unscale_)"
 DISPATCH = "jit dispatch floor (donated leaves returned, no kernel)"
 LIMIT = "memory-bandwidth limit (np.negative in place, 1 buffer)"
 OURS = "ours unscale_and_check[auto]"
-TWICE = "ours[auto], 2 passes in one call"
-IN_PROGRAM = "ours[auto] inside a program: one pass (2-pass call minus 1-pass call)"
+LOOP1 = "ours[auto], loop of 1 pass"
+LOOP3 = "ours[auto], the same loop, 3 passes"
+IN_PROGRAM = "ours[auto] inside a program: one pass ((3-pass - 1-pass loop) / 2)"
 
 
 def split_sizes(total: int, n: int) -> list[int]:
@@ -99,32 +101,33 @@ def ours(backend):
     return unscale_and_check
 
 
-def ours_twice(backend):
-    """The pass, then the pass with the inverse scale, in one program."""
+def ours_loop(backend):
+    """`n` passes in a `lax.fori_loop`, state `i % 2` on pass `i` (odd `n`:
+    the call unscales once, as the one-pass candidate does)."""
     import jax_amp_scale as jas
 
-    def twice(grads, states):
-        grads, first = jas.unscale_and_check(grads, states[0], backend=backend)
-        grads, second = jas.unscale_and_check(grads, states[1], backend=backend)
-        return grads, first | second
+    def loop(grads, states, n):
+        def body(i, grads):
+            state = jax.tree.map(lambda a, b: jnp.where(i % 2 == 0, a, b), *states)
+            return jas.unscale_and_check(grads, state, backend=backend)[0]
 
-    return twice
+        return jax.lax.fori_loop(0, n, body, grads), jnp.asarray(False)
+
+    return loop
 
 
 def in_program_row(rows):
-    """The derived row: the 2-pass call's time minus the 1-pass call's, per
-    repetition (both ran in the same repetition, so load drift cancels)."""
+    """The derived row: (3-pass loop - 1-pass loop) / 2, per repetition (both
+    ran in the same repetition, so load drift cancels)."""
     by_name = {r.name: r for r in rows}
-    if OURS not in by_name or TWICE not in by_name:
+    if LOOP1 not in by_name or LOOP3 not in by_name:
         return rows
-    once, twice = by_name[OURS], by_name[TWICE]
+    one, three = by_name[LOOP1], by_name[LOOP3]
     base = rows[0]
-    times = [b - a for a, b in zip(once.times, twice.times, strict=True)]
-    derived = _harness.Row(
-        IN_PROGRAM, times, [t / c for t, c in zip(times, base.times, strict=True)]
-    )
-    at = rows.index(twice) + 1
-    return [*rows[:at], derived, *rows[at:]]
+    times = [(c - a) / 2 for a, c in zip(one.times, three.times, strict=True)]
+    ratios = [t / b for t, b in zip(times, base.times, strict=True)]
+    at = rows.index(three) + 1
+    return [*rows[:at], _harness.Row(IN_PROGRAM, times, ratios), *rows[at:]]
 
 
 def jmp_unscale_check(grads, loss_scale):
@@ -152,7 +155,7 @@ def optax_pattern(grads, scale):
 
 
 def jax_candidates(ours_ok: bool, peers: bool = True):
-    """name -> (function, scale -> the scale argument it takes)."""
+    """name -> (function, scale -> the scale argument it takes, *more arguments)."""
     import jmp
 
     out = {"plain copy": (plain_copy, jnp.float32)}
@@ -161,10 +164,14 @@ def jax_candidates(ours_ok: bool, peers: bool = True):
 
         # auto first: on one CPU device it is the fused native pass.
         out[OURS] = (ours("auto"), jas.init_scale_state)
-        out[TWICE] = (
-            ours_twice("auto"),
-            lambda s: (jas.init_scale_state(s), jas.init_scale_state(1.0 / s)),
-        )
+        # One function object for both: one jit, one executable; n is traced.
+        loop = ours_loop("auto")
+
+        def pair(s):
+            return jas.init_scale_state(s), jas.init_scale_state(1.0 / s)
+
+        out[LOOP1] = (loop, pair, jnp.int32(1))
+        out[LOOP3] = (loop, pair, jnp.int32(3))
         if peers:
             out["ours unscale_and_check[reference]"] = (ours("reference"), jas.init_scale_state)
     out[DISPATCH] = (dispatch_floor, jnp.float32)
@@ -248,7 +255,8 @@ def run_case(
     grads = make_grads(total_bytes, n_leaves, dtype)
     cands, skipped = {}, []
     peers = peers and dtype == np.float32
-    for name, (fn, make_scale) in jax_candidates(ours_ok, peers).items():
+    jitted = {}
+    for name, (fn, make_scale, *extra) in jax_candidates(ours_ok, peers).items():
         seen = first_call.setdefault(f"{name} {np.dtype(dtype).name}", {})
         if seen and name != "plain copy" and n_leaves > 100:
             last = max(seen)
@@ -256,12 +264,14 @@ def run_case(
             if proj > budget_s:
                 skipped.append(f"{name} (first call projected {proj:.0f} s)")
                 continue
-        f = jax.jit(fn, donate_argnums=0)
+        if fn not in jitted:
+            jitted[fn] = jax.jit(fn, donate_argnums=0)
+        f = jitted[fn]
         mag = SCALE if dtype == np.float32 else 2.0**8
         scales = (make_scale(mag), make_scale(1.0 / mag))
         mine = [jnp.copy(g) for g in grads]
         t0 = time.perf_counter()
-        out, found = jax.block_until_ready(f(mine, scales[0]))
+        out, found = jax.block_until_ready(f(mine, scales[0], *extra))
         seen[n_leaves] = time.perf_counter() - t0
         if not all(g.is_deleted() for g in mine):
             raise RuntimeError(f"{name}: the gradients were not donated")
@@ -269,8 +279,8 @@ def run_case(
             raise RuntimeError(f"{name} reported an overflow on finite gradients")
         box = [out, 1]
 
-        def run(f=f, scales=scales, box=box):
-            out, _ = f(box[0], scales[box[1]])
+        def run(f=f, scales=scales, box=box, extra=extra):
+            out, _ = f(box[0], scales[box[1]], *extra)
             box[0], box[1] = jax.block_until_ready(out), 1 - box[1]
 
         cands[name] = run
