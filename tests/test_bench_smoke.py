@@ -65,7 +65,10 @@ def _ours_expected() -> bool:
 def _check_rows(table: _harness.Table) -> None:
     assert table.rows, table.title
     for r in table.rows:
-        assert r.times and all(math.isfinite(t) and t > 0 for t in r.times), (table.title, r)
+        assert r.times and all(math.isfinite(t) for t in r.times), (table.title, r)
+        # A derived row is a difference of two timings: tiny runs may give < 0.
+        if "inside a program" not in r.name:
+            assert all(t > 0 for t in r.times), (table.title, r)
         assert len(r.times) == table.reps
         if table.baseline is not None:
             assert r.ratios is not None and len(r.ratios) == table.reps
@@ -83,16 +86,18 @@ def _tables(tables, prefix):
 
 def test_step_overhead_every_candidate(suite):
     _, _, tables = suite
-    (t,) = _tables(tables, "1.")
-    names = [r.name for r in t.rows]
-    assert names[0] == "plain" and t.baseline == "plain"
-    for peer in ("jmp DynamicLossScale", "flax DynamicScale", "optax apply_if_finite"):
-        assert peer in names
-    if _ours_expected():
-        import jax_amp_scale as jas
+    ts = _tables(tables, "1.")
+    assert [t.title.split(", ")[-1] for t in ts] == ["float16 compute", "float32 compute"]
+    for t in ts:
+        names = [r.name for r in t.rows]
+        assert names[0] == "plain" and t.baseline == "plain"
+        for peer in ("jmp DynamicLossScale", "flax DynamicScale", "optax apply_if_finite"):
+            assert peer in names
+        if _ours_expected():
+            import jax_amp_scale as jas
 
-        for b in ("auto", *jas.available_backends()):
-            assert f"ours loss_scaled[{b}]" in names
+            for b in ("auto", *jas.available_backends()):
+                assert f"ours loss_scaled[{b}]" in names
 
 
 def test_one_pass_over_gradients(suite):
@@ -104,9 +109,15 @@ def test_one_pass_over_gradients(suite):
     for t in jax_tables:
         names = [r.name for r in t.rows]
         assert names[0] == "plain copy"
-        ours = ["ours unscale_and_check[auto]", "ours unscale_and_check[reference]"]
+        ours = [
+            "ours unscale_and_check[auto]",
+            "ours[auto], loop of 1 pass",
+            "ours[auto], the same loop, 3 passes",
+            "ours[auto] inside a program: one pass ((3-pass - 1-pass loop) / 2)",
+        ]
         if "float32" in t.title:
-            assert (names[1:3] == ours) == _ours_expected()
+            ours.append("ours unscale_and_check[reference]")
+        assert (names[1 : 1 + len(ours)] == ours) == _ours_expected()
         assert any(n.startswith("jit dispatch floor") for n in names)
         assert any(n.startswith("memory-bandwidth limit") for n in names)
         assert any(n.startswith("torch fused") for n in names)
