@@ -65,8 +65,12 @@ def test_power_of_two_exponent():
     assert ep.power_of_two_exponent(1.1) is None
 
 
-@pytest.mark.parametrize("dtype_name", list(DTYPES))
-@pytest.mark.parametrize("factor", POW2 + OTHER)
+# Other factors with a float16/bfloat16 scale take the exact path itself:
+# nothing to compare there (test_matches_float64_product_rounded covers them).
+@pytest.mark.parametrize(
+    ("dtype_name", "factor"),
+    [(d, f) for d in DTYPES for f in POW2] + [("float32", f) for f in OTHER],
+)
 def test_fast_path_equals_exact_path(dtype_name, factor):
     bits = sample(dtype_name)
     fast = np.asarray(kernel(dtype_name, factor, "dispatch")(bits))
