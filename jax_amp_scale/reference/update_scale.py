@@ -5,10 +5,10 @@ which rounds as torch does (exact product, to float64, to the scale dtype):
 exponent arithmetic when the factor is a power of two (the defaults 2.0 and
 0.5), one float64 multiply for other factors and float32 scales on CPU/GPU,
 the exact multi-limb integer product otherwise; the first two compile in
-under 2x a trivial scalar function's time, the last in about 6x.  So this lowering, the native
-handlers and ``torch._amp_update_scale_`` agree bit for bit for float32
-scales and any factor, and XLA:CPU's flush-to-zero cannot touch subnormal
-scales.
+under 2x a trivial scalar function's time, the last in about 6x.  So this
+lowering, the native handlers and ``torch._amp_update_scale_`` agree bit for
+bit for float32 scales and any factor, and XLA:CPU's flush-to-zero cannot
+touch subnormal scales.
 """
 
 from __future__ import annotations
