@@ -166,6 +166,28 @@ inline bool UnscaleF32Portable(const float* in, float* out, int64_t n, float inv
 }
 
 #ifdef JAS_HAVE_F16C_PATH
+// How far ahead of the loads the x86 loops below prefetch.  On a 64 MiB
+// buffer (one thread, this project's Sapphire Rapids VM) the hardware
+// prefetcher alone kept the float32 loop at 9.0 GB/s and the float16 loop
+// at 6.0 GB/s; 2 KiB ahead they ran 11.8 and 9.9 GB/s (1 KiB: 10.7 and 8.9,
+// 4 KiB: 11.2).  Only addresses inside the buffer are prefetched: the last
+// kPrefetchBytes run the same loop without it.
+constexpr int64_t kPrefetchBytes = 2048;
+
+// 16 float32 elements (one 64-byte line): unscale, store, OR the check in.
+__attribute__((target("avx2"))) inline void UnscaleF32Line(const float* in, float* out,
+                                                           __m256 vinv, __m256i& any) {
+  const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
+  const __m256 a = _mm256_mul_ps(_mm256_loadu_ps(in), vinv);
+  const __m256 b = _mm256_mul_ps(_mm256_loadu_ps(in + 8), vinv);
+  _mm256_storeu_ps(out, a);
+  _mm256_storeu_ps(out + 8, b);
+  const __m256i ea = _mm256_and_si256(_mm256_castps_si256(a), exp_mask);
+  const __m256i eb = _mm256_and_si256(_mm256_castps_si256(b), exp_mask);
+  any = _mm256_or_si256(
+      any, _mm256_or_si256(_mm256_cmpeq_epi32(ea, exp_mask), _mm256_cmpeq_epi32(eb, exp_mask)));
+}
+
 // The float32 loop with 256-bit AVX2, 16 elements an iteration: the SSE2
 // loop GCC emits without -mavx2 moved about half of what NumPy's in-place
 // negation moves per second on one core.  Same multiply (the thread's flush
@@ -173,19 +195,14 @@ inline bool UnscaleF32Portable(const float* in, float* out, int64_t n, float inv
 __attribute__((target("avx2"))) inline bool UnscaleF32Avx2(const float* in, float* out,
                                                           int64_t n, float inv) {
   const __m256 vinv = _mm256_set1_ps(inv);
-  const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
   __m256i any = _mm256_setzero_si256();
+  constexpr int64_t ahead = kPrefetchBytes / sizeof(float);
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256 a = _mm256_mul_ps(_mm256_loadu_ps(in + i), vinv);
-    const __m256 b = _mm256_mul_ps(_mm256_loadu_ps(in + i + 8), vinv);
-    _mm256_storeu_ps(out + i, a);
-    _mm256_storeu_ps(out + i + 8, b);
-    const __m256i ea = _mm256_and_si256(_mm256_castps_si256(a), exp_mask);
-    const __m256i eb = _mm256_and_si256(_mm256_castps_si256(b), exp_mask);
-    any = _mm256_or_si256(any, _mm256_or_si256(_mm256_cmpeq_epi32(ea, exp_mask),
-                                               _mm256_cmpeq_epi32(eb, exp_mask)));
+  for (; i + 16 + ahead <= n; i += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(in + i + ahead), _MM_HINT_T0);
+    UnscaleF32Line(in + i, out + i, vinv, any);
   }
+  for (; i + 16 <= n; i += 16) UnscaleF32Line(in + i, out + i, vinv, any);
   bool bad = _mm256_movemask_epi8(any) != 0;
   if (i < n) bad |= UnscaleF32Portable(in + i, out + i, n - i, inv);
   return bad;
@@ -224,28 +241,40 @@ inline bool UnscaleF16Portable(const uint16_t* in, uint16_t* out, int64_t n, flo
 }
 
 #ifdef JAS_HAVE_F16C_PATH
-// The same loop with x86's F16C conversions, 8 elements at a time (memory-
-// bound).  Bit for bit the portable conversions under the handler's modes
-// (checked over every float16 and every float32 pattern by
-// tests/native/f16c_test.cc): vcvtph2ps is exact, subnormals included, and
-// quiets a signalling NaN, which the multiply would quiet anyway with the
-// same payload; vcvtps2ph with _MM_FROUND_TO_NEAREST_INT rounds to nearest
-// even with gradual underflow and overflow to inf, ignores flush-to-zero,
-// and keeps a NaN's sign and top payload bits, made quiet.
+// 32 float16 elements (one 64-byte line), 8 per conversion.
+__attribute__((target("avx,f16c"))) inline void UnscaleF16Line(const uint16_t* in,
+                                                               uint16_t* out, __m256 vinv,
+                                                               __m128i& any) {
+  const __m128i exp_mask = _mm_set1_epi16(0x7c00);
+  for (int k = 0; k < 32; k += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + k));
+    const __m256 y = _mm256_mul_ps(_mm256_cvtph_ps(h), vinv);
+    const __m128i r = _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), r);
+    any = _mm_or_si128(any, _mm_cmpeq_epi16(_mm_and_si128(r, exp_mask), exp_mask));
+  }
+}
+
+// The same loop with x86's F16C conversions, a 64-byte line an iteration,
+// prefetched as the float32 loop.  Bit for bit the portable conversions
+// under the handler's modes (checked over every float16 and every float32
+// pattern by tests/native/f16_test.cc): vcvtph2ps is exact, subnormals
+// included, and quiets a signalling NaN, which the multiply would quiet
+// anyway with the same payload; vcvtps2ph with _MM_FROUND_TO_NEAREST_INT
+// rounds to nearest even with gradual underflow and overflow to inf, ignores
+// flush-to-zero, and keeps a NaN's sign and top payload bits, made quiet.
 __attribute__((target("avx,f16c"))) inline bool UnscaleF16F16c(const uint16_t* in,
                                                               uint16_t* out, int64_t n,
                                                               float inv) {
   const __m256 vinv = _mm256_set1_ps(inv);
-  const __m128i exp_mask = _mm_set1_epi16(0x7c00);
   __m128i any = _mm_setzero_si128();
+  constexpr int64_t ahead = kPrefetchBytes / sizeof(uint16_t);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
-    const __m256 y = _mm256_mul_ps(_mm256_cvtph_ps(h), vinv);
-    const __m128i r = _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), r);
-    any = _mm_or_si128(any, _mm_cmpeq_epi16(_mm_and_si128(r, exp_mask), exp_mask));
+  for (; i + 32 + ahead <= n; i += 32) {
+    _mm_prefetch(reinterpret_cast<const char*>(in + i + ahead), _MM_HINT_T0);
+    UnscaleF16Line(in + i, out + i, vinv, any);
   }
+  for (; i + 32 <= n; i += 32) UnscaleF16Line(in + i, out + i, vinv, any);
   bool bad = _mm_movemask_epi8(any) != 0;
   if (i < n) bad |= UnscaleF16Portable(in + i, out + i, n - i, inv);
   return bad;

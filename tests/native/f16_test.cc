@@ -73,6 +73,29 @@ int main() {
     }
   }
   bad = CompareEveryFloat(bad);
+  // The flag from each part of the loops: the prefetching lines, the last
+  // lines (prefetch would pass the end), the portable tail.
+  {
+    const int64_t len = 4096 + 40 + 3;
+    for (int64_t pos : {int64_t{-1}, int64_t{0}, int64_t{2000}, len - 45, len - 40, len - 1}) {
+      std::vector<uint16_t> h(len, 0x3c00);  // 1.0
+      std::vector<float> f(len, 1.0f);
+      if (pos >= 0) {
+        h[pos] = 0x7c00;  // inf
+        f[pos] = std::numeric_limits<float>::infinity();
+      }
+      const bool want = pos >= 0;
+      if (jas::UnscaleF16F16c(h.data(), h.data(), len, 0.5f) != want) {
+        std::printf("f16 flag wrong with inf at %lld\n", static_cast<long long>(pos));
+        ++bad;
+      }
+      if (jas::HaveAvx2() && jas::UnscaleF32Avx2(f.data(), f.data(), len, 0.5f) != want) {
+        std::printf("f32 flag wrong with inf at %lld\n", static_cast<long long>(pos));
+        ++bad;
+      }
+      if (h[len / 2] != 0x3800 || f[len / 2] != 0.5f) ++bad;  // and unscaled
+    }
+  }
   // float32: the AVX2 loop against the portable one, on a sweep of patterns
   // (every exponent, edge and strided significands, both signs) with a tail.
   if (jas::HaveAvx2()) {
