@@ -25,7 +25,10 @@ Side by side in the same table, interleaved:
   jit arguments and jit's per-array cost (the floor above) is not paid.
 
 The float16 table runs ours, the copy, torch and the floors only (the
-peers' float32 rows show their pattern).
+peers' float32 rows show their pattern).  Each leaf count and dtype runs in
+a process of its own (``--in-process`` runs them all in this one): in one
+process, what XLA:CPU keeps of the 10,000-leaf executables piled up past
+22 GB and the run was killed on a 23 GB machine.
 
     python bench/bench_unscale.py            # full size
     python bench/bench_unscale.py --tiny     # smoke
@@ -33,9 +36,12 @@ peers' float32 rows show their pattern).
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -386,6 +392,17 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         help="skip a candidate whose first (compiling) call is projected past this "
         "many seconds at a larger leaf count (default 90)",
     )
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run every case in this process (default: one process per leaf count and dtype)",
+    )
+    p.add_argument(
+        "--first-call",
+        metavar="PATH",
+        help="JSON of the first calls' seconds so far, read and updated (the budget's "
+        "projection across the per-case processes)",
+    )
     args = p.parse_args(argv)
     if args.tiny:
         total, leaf_counts, reps, warmup = 1 << 16, (1, 10, 100), 1, 1
@@ -402,9 +419,17 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
     except ImportError:
         torch_ok = False
 
+    cases = [(d, n) for d in args.dtypes for n in leaf_counts]
+    if not args.in_process and len(cases) > 1:
+        tables = run_cases_apart(args, cases)
+        _harness.finish(args, tables)
+        return tables
     tables = []
     first_call: dict[str, dict[int, float]] = {}
-    for dname, n in [(d, n) for d in args.dtypes for n in leaf_counts]:
+    if args.first_call and os.path.exists(args.first_call):
+        with open(args.first_call) as f:
+            first_call = {k: {int(n): t for n, t in v.items()} for k, v in json.load(f).items()}
+    for dname, n in cases:
         dtype = {"float32": np.float32, "float16": np.float16}[dname]
         notes = [] if why is None else [f"ours not measured: {why}"]
         if dtype != np.float32:
@@ -464,7 +489,39 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
                     columns=_throughput(rows, total),
                 )
             )
+    if args.first_call:
+        with open(args.first_call, "w") as f:
+            json.dump(first_call, f)
     _harness.finish(args, tables)
+    return tables
+
+
+def run_cases_apart(args, cases: list[tuple[str, int]]) -> list[_harness.Table]:
+    """Runs each (dtype, leaf count) case in a fresh process; their tables in order."""
+    tables: list[_harness.Table] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        first_call = os.path.join(tmp, "first_call.json")
+        for k, (dname, n) in enumerate(cases):
+            out = os.path.join(tmp, f"case{k}.json")
+            cmd = [sys.executable, __file__, "--in-process", "--dtypes", dname]
+            cmd += ["--leaves", str(n), "--json", out, "--first-call", first_call]
+            cmd += ["--reps", str(args.reps), "--warmup", str(args.warmup)]
+            cmd += ["--mib", str(args.mib), "--threads", str(args.threads)]
+            cmd += ["--budget-s", str(args.budget_s)]
+            cmd += [
+                flag
+                for flag, on in [
+                    ("--tiny", args.tiny),
+                    ("--no-torch", args.no_torch),
+                    ("--no-peers", args.no_peers),
+                ]
+                if on
+            ]
+            # The child's own report goes to stderr; this process prints all
+            # the tables together at the end.
+            subprocess.run(cmd, check=True, stdout=sys.stderr)
+            with open(out) as f:
+                tables += [_harness.Table.from_json(t) for t in json.load(f)["tables"]]
     return tables
 
 
