@@ -1,12 +1,14 @@
-// The unscale loops: x86's F16C (float16) and AVX2 (float32) paths against
-// the portable ones.
+// The unscale loops: x86's F16C (float16) and AVX2 (float32, bfloat16)
+// paths against the portable ones.
 //
-// Every float16 pattern (NaN inputs with a NaN inverse scale excepted), for
-// inverse scales that reach overflow, subnormal
+// Every float16 and every bfloat16 pattern (NaN inputs with a NaN inverse
+// scale excepted), for inverse scales that reach overflow, subnormal
 // results, zero and NaN, in place and out of place with a ragged tail, under
 // the handler's flush modes: same bits and same flag.  Then every float32
-// pattern through vcvtps2ph against FloatToHalf.  Prints "ok" (or "skipped ok"
-// on a CPU or target without F16C).
+// pattern through vcvtps2ph against FloatToHalf, a sweep of float32 patterns
+// through FloatToBFloat16 against the rule as written, and the flag from
+// each part of the loops.  Prints "ok" (or "skipped ok" on a CPU or target
+// without F16C).
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -73,6 +75,42 @@ int main() {
     }
   }
   bad = CompareEveryFloat(bad);
+  // bfloat16: the AVX2 loop against the portable one on every pattern, in
+  // place and out of place, with a tail.
+  if (jas::HaveAvx2()) {
+    for (float inv : invs) {
+      a = src;
+      const bool fa = jas::UnscaleBF16Avx2(a.data(), a.data(), n, inv);
+      const bool fb = jas::UnscaleBF16Portable(src.data(), b.data(), n, inv);
+      const bool fc = jas::UnscaleBF16Avx2(src.data(), c.data(), n, inv);
+      if (fa != fb || fc != fb) {
+        std::printf("bf16 flag differs: inv %a\n", inv);
+        ++bad;
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        if (inv != inv && (src[i] & 0x7fffu) > 0x7f80u) continue;  // NaN * NaN
+        if ((a[i] != b[i] || c[i] != b[i]) && bad++ < 40) {
+          std::printf("bf16 inv %a x %04x: avx2 %04x/%04x portable %04x\n", inv,
+                      static_cast<unsigned>(src[i]), a[i], c[i], b[i]);
+        }
+      }
+    }
+    // The portable conversion (which the vector loop mirrors) against a
+    // plain reading of the rule: round half to even on the low 16 bits, NaN
+    // to the canonical quiet NaN with its sign.
+    for (uint64_t v = 0; v <= 0xffffffffu; v += 251) {
+      const uint32_t u = static_cast<uint32_t>(v);
+      const bool is_nan = (u & 0x7fffffffu) > 0x7f800000u;
+      uint32_t want = (u >> 16) + (((u & 0xffffu) > 0x8000u) ||
+                                   ((u & 0xffffu) == 0x8000u && ((u >> 16) & 1u)));
+      if (is_nan) want = ((u >> 16) & 0x8000u) | 0x7fc0u;
+      if (jas::FloatToBFloat16(jas::F32FromBits(u)) != static_cast<uint16_t>(want) &&
+          bad++ < 50) {
+        std::printf("FloatToBFloat16(%08x) = %04x, want %04x\n", u,
+                    jas::FloatToBFloat16(jas::F32FromBits(u)), want);
+      }
+    }
+  }
   // The flag from each part of the loops: the prefetching lines, the last
   // lines (prefetch would pass the end), the portable tail.
   {
@@ -89,6 +127,13 @@ int main() {
         std::printf("f16 flag wrong with inf at %lld\n", static_cast<long long>(pos));
         ++bad;
       }
+      std::vector<uint16_t> bf(len, 0x3f80);  // 1.0
+      if (pos >= 0) bf[pos] = 0x7f80;            // inf
+      if (jas::HaveAvx2() && jas::UnscaleBF16Avx2(bf.data(), bf.data(), len, 0.5f) != want) {
+        std::printf("bf16 flag wrong with inf at %lld\n", static_cast<long long>(pos));
+        ++bad;
+      }
+      if (jas::HaveAvx2() && bf[len / 2] != 0x3f00) ++bad;
       if (jas::HaveAvx2() && jas::UnscaleF32Avx2(f.data(), f.data(), len, 0.5f) != want) {
         std::printf("f32 flag wrong with inf at %lld\n", static_cast<long long>(pos));
         ++bad;
