@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import jax_amp_scale as jas
+from tests.jax_compat import LOWERS_EVERY_BRANCH
 
 BACKENDS = ["reference", "ffi", "auto"]
 
@@ -226,3 +227,61 @@ def test_auto_on_one_cpu_device_lowers_to_the_native_call():
     assert "jas_update_scale" in hlo
     hlo = jax.jit(lambda s: jas.update_scale(s, True, "reference")).lower(st).as_text()
     assert "jas_update_scale" not in hlo
+
+
+# per_platform's other-platforms branch: traced only where it is lowered, and
+# right under jit, vmap and jvp where it is.  "cuda" stands for a platform
+# with a handler, so on this CPU-only machine the other branch is the one run.
+def _branches(calls):
+    def native(x, y):
+        return {"sum": x * 3.0 + y, "flag": jnp.any(x > 0)}
+
+    def other(x, y):
+        calls.append(1)
+        return {"sum": x * 2.0 + y, "flag": jnp.any(x > 1)}
+
+    return native, other
+
+
+def _on(native_on, calls):
+    from jax_amp_scale.lowering.custom_call import per_platform
+
+    native, other = _branches(calls)
+    return lambda x, y: per_platform(native, other, x, y, native_on=native_on)
+
+
+def test_other_branch_is_not_traced_where_a_handler_exists():
+    calls = []
+    f = _on(["cpu"], calls)
+    x, y = jnp.arange(4.0), jnp.float32(1.0)
+    jaxpr = str(jax.make_jaxpr(f)(x, y))
+    assert calls == [] and "jas_reference_elsewhere" in jaxpr
+    out = jax.jit(f)(x, y)  # jax < 0.7 traces it here: it lowers every branch
+    assert calls == [] or LOWERS_EVERY_BRANCH
+    np.testing.assert_array_equal(np.asarray(out["sum"]), np.arange(4.0) * 3 + 1)
+    # The real pass on CPU: its reference is one deferred equation too.
+    text = str(jax.make_jaxpr(jas.unscale_and_check)([jnp.ones(3)], jnp.float32(2.0)))
+    assert "jas_reference_elsewhere" in text and "jas_unscale_and_check" in text
+
+
+def test_other_branch_runs_right_under_jit_vmap_and_jvp():
+    calls = []
+    f = _on(["cuda"], calls)
+    x, y = jnp.arange(4.0), jnp.float32(1.0)
+    want = {"sum": np.arange(4.0) * 2 + 1, "flag": True}
+    for g in (f, jax.jit(f)):  # eager: the branch is picked before tracing
+        out = g(x, y)
+        np.testing.assert_array_equal(np.asarray(out["sum"]), want["sum"])
+        assert bool(out["flag"]) is want["flag"]
+    xs = jnp.stack([x, -x])
+    out = jax.jit(jax.vmap(f, in_axes=(0, None)))(xs, y)
+    np.testing.assert_array_equal(
+        np.asarray(out["sum"]), np.stack([want["sum"], 1 - 2 * np.arange(4.0)])
+    )
+    np.testing.assert_array_equal(np.asarray(out["flag"]), [True, False])
+    primal, tangent = jax.jit(lambda x, t: jax.jvp(lambda x: f(x, y)["sum"], (x,), (t,)))(x, x)
+    np.testing.assert_array_equal(np.asarray(primal), want["sum"])
+    np.testing.assert_array_equal(np.asarray(tangent), np.arange(4.0) * 2)
+    grad = jax.jit(jax.grad(lambda x: f(x, y)["sum"].sum()))(x)
+    np.testing.assert_array_equal(np.asarray(grad), np.full(4, 2.0))
+    assert calls  # the reference was traced: it is what ran

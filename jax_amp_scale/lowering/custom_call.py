@@ -1,7 +1,8 @@
 """What every custom call of this package needs, written once.
 
 - `per_platform`: `lax.platform_dependent` over the platforms that have a
-  handler, with every branch typed alike (shard_map varying axes included).
+  handler, with every branch typed alike (shard_map varying axes included);
+  the other platforms' branch is traced only where it is lowered.
 - `unavailable`: an identity that fails at lowering time, with a clear
   message, on a platform with no handler (``backend="ffi"`` there).
 - `with_reference_rules`: vmap and jvp of a native call taken from the
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
-from jax.interpreters import batching, mlir
+from jax.interpreters import ad, batching, mlir
 
 from jax_amp_scale.platforms import registry
 
@@ -101,6 +102,35 @@ def unavailable(op: str, tree: Any) -> Any:
     return jax.tree_util.tree_unflatten(treedef, _unavailable_p.bind(*leaves, op=op))
 
 
+# The other platforms' branch of `per_platform` as one equation: `fn` (the
+# pure-JAX reference, flat arguments to flat results) is traced when that
+# branch is lowered, vmapped or differentiated, not when the step is traced.
+# On CPU that branch is dead, and tracing the reference over a large tree cost
+# a third of loss_scaled's trace time (bench/RESULTS.md).
+_elsewhere_p = Primitive("jas_reference_elsewhere")
+_elsewhere_p.multiple_results = True
+_elsewhere_p.def_abstract_eval(lambda *args, fn, out_avals: out_avals)
+mlir.register_lowering(
+    _elsewhere_p,
+    lambda ctx, *args, fn, out_avals: mlir.lower_fun(fn, multiple_results=True)(ctx, *args),
+)
+
+
+def _elsewhere_batched(args: Any, dims: Any, *, fn: Callable[..., Any], out_avals: Any) -> Any:
+    in_axes = tuple(dims)  # None where an argument is not batched
+    outs = jax.vmap(fn, in_axes=in_axes)(*args)
+    return outs, (0,) * len(outs)
+
+
+def _elsewhere_jvp(primals: Any, tangents: Any, *, fn: Callable[..., Any], out_avals: Any) -> Any:
+    tangents = [ad.instantiate_zeros(t) for t in tangents]
+    return jax.jvp(fn, tuple(primals), tuple(tangents))
+
+
+batching.primitive_batchers[_elsewhere_p] = _elsewhere_batched
+ad.primitive_jvps[_elsewhere_p] = _elsewhere_jvp
+
+
 def per_platform(
     native: Callable[..., Any],
     other: Callable[..., Any],
@@ -113,8 +143,40 @@ def per_platform(
     # Every branch must return the same type, varying axes included.
     args = vary_like(args, args)
     overrides = overrides or {}
-    branches = {p: overrides.get(p, native) for p in sorted(native_on)}
-    return jax.lax.platform_dependent(*args, default=other, **branches)
+    # platform_dependent traces the named branches before the default one:
+    # the first records the result types, and the default becomes one
+    # equation of those types.  Where nothing was recorded (called eagerly, a
+    # jax that traces in another order) `other` is traced as it is.
+    typed: list[Any] = []
+
+    def recording(branch: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*a: Any) -> Any:
+            out = branch(*a)
+            if not typed:
+                leaves, treedef = jax.tree_util.tree_flatten(out)
+                typed.extend([treedef, tuple(jax.typeof(x) for x in leaves)])
+            return out
+
+        return run
+
+    def deferred_other(*a: Any) -> Any:
+        if not typed:
+            return other(*a)
+        out_tree, out_avals = typed
+        flat, in_tree = jax.tree_util.tree_flatten(a)
+
+        def flat_other(*xs: Any) -> list[Any]:
+            return jax.tree_util.tree_leaves(other(*jax.tree_util.tree_unflatten(in_tree, xs)))
+
+        outs = _elsewhere_p.bind(*flat, fn=flat_other, out_avals=out_avals)
+        return jax.tree_util.tree_unflatten(out_tree, outs)
+
+    wrapped: dict[int, Callable[..., Any]] = {}  # one wrapper per distinct branch
+    branches = {}
+    for p in sorted(native_on):
+        branch = overrides.get(p, native)
+        branches[p] = wrapped.setdefault(id(branch), recording(branch))
+    return jax.lax.platform_dependent(*args, default=deferred_other, **branches)
 
 
 def with_reference_rules(native: Callable[..., Any], reference: Callable[..., Any]) -> Any:
