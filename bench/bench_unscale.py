@@ -1,7 +1,7 @@
 """Workload 2: one pass over the gradients (unscale and check for inf/NaN).
 
-256 MiB of float32 (and float16: --dtypes) gradients split over 1, 100 and
-10,000 leaves.  Each candidate is one jitted call that reads every gradient,
+256 MiB of float32 (and float16, bfloat16: --dtypes) gradients split over
+1, 100 and 10,000 leaves.  Each candidate is one jitted call that reads every gradient,
 writes the unscaled gradients in place (the gradients are donated) and
 returns whether any is non-finite.  The baseline is a plain copy of the same
 bytes, ``y = -x`` in place (read 256 MiB, write 256 MiB); the peers do the
@@ -47,6 +47,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -68,6 +69,14 @@ LOOP3 = "ours[auto], the same loop, 3 passes"
 IN_PROGRAM = "ours[auto] inside a program: one pass ((3-pass - 1-pass loop) / 2)"
 
 
+DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def magnitude(dtype) -> float:
+    """A typical scaled-gradient magnitude that stays finite in `dtype`."""
+    return 2.0**8 if dtype == np.float16 else SCALE
+
+
 def split_sizes(total: int, n: int) -> list[int]:
     """`n` leaf sizes adding up to `total`, differing by at most one."""
     q, r = divmod(total, n)
@@ -77,10 +86,9 @@ def split_sizes(total: int, n: int) -> list[int]:
 def make_grads(total_bytes: int, n_leaves: int, dtype=np.float32) -> list[jax.Array]:
     sizes = split_sizes(total_bytes // np.dtype(dtype).itemsize, n_leaves)
     rng = np.random.default_rng(0)
-    # Finite values of a typical scaled-gradient magnitude (float16: within
-    # its range); one host array, sliced, so building 10,000 leaves stays cheap.
-    mag = SCALE if dtype == np.float32 else 2.0**8
-    flat = (rng.standard_normal(sum(sizes), dtype=np.float32) * mag).astype(dtype)
+    # Finite values of a typical scaled-gradient magnitude; one host array,
+    # sliced, so building 10,000 leaves stays cheap.
+    flat = (rng.standard_normal(sum(sizes), dtype=np.float32) * magnitude(dtype)).astype(dtype)
     out, at = [], 0
     for s in sizes:
         out.append(jnp.asarray(flat[at : at + s]))
@@ -203,11 +211,14 @@ def torch_fused_candidate(total_bytes: int, n_leaves: int, dtype):
         import torch
     except ImportError:
         return None
-    tdt = {np.float32: torch.float32, np.float16: torch.float16}[dtype]
     host = make_grads(total_bytes, n_leaves, dtype)
-    grads = [torch.from_numpy(np.array(g)).to(tdt).clone() for g in host]
+    if dtype == ml_dtypes.bfloat16:  # torch cannot take NumPy's bfloat16: its bits
+        grads = [torch.from_numpy(np.array(g).view(np.int16)).view(torch.bfloat16) for g in host]
+    else:
+        grads = [torch.from_numpy(np.array(g)) for g in host]
+    grads = [g.clone() for g in grads]
     found = torch.zeros(1)
-    mag = SCALE if dtype == np.float32 else 2.0**8
+    mag = magnitude(dtype)
     invs = [torch.full((1,), 1.0 / mag), torch.full((1,), mag)]
     box = [0]
 
@@ -278,7 +289,7 @@ def run_case(
         if fn not in jitted:
             jitted[fn] = jax.jit(fn, donate_argnums=0)
         f = jitted[fn]
-        mag = SCALE if dtype == np.float32 else 2.0**8
+        mag = magnitude(dtype)
         scales = (make_scale(mag), make_scale(1.0 / mag))
         mine = [jnp.copy(g) for g in grads]
         t0 = time.perf_counter()
@@ -376,8 +387,8 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         "--dtypes",
         nargs="+",
         default=["float32", "float16"],
-        choices=["float32", "float16"],
-        help="gradient dtypes (default float32 float16)",
+        choices=list(DTYPES),
+        help="gradient dtypes (default float32 float16; bfloat16 also)",
     )
     p.add_argument(
         "--no-peers", action="store_true", help="only ours, the copy, torch and the floors"
@@ -435,10 +446,10 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         with open(args.first_call) as f:
             first_call = {k: {int(n): t for n, t in v.items()} for k, v in json.load(f).items()}
     for dname, n in cases:
-        dtype = {"float32": np.float32, "float16": np.float16}[dname]
+        dtype = DTYPES[dname]
         notes = [] if why is None else [f"ours not measured: {why}"]
         if dtype != np.float32:
-            notes.append("float16: the peers are not run (their float32 rows show the pattern).")
+            notes.append(f"{dname}: the peers are not run (their float32 rows show the pattern).")
         notes.append(
             f"{LIMIT}: {args.threads} thread(s); {DISPATCH}: jit's own cost for {n} donated "
             "arrays in and out, which every jitted candidate pays and torch does not."
