@@ -200,7 +200,9 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
             warmup=args.warmup,
             notes=[
                 "Power-of-two factors (the defaults) take exponent arithmetic; "
-                "others the exact integer product (jax_amp_scale/reference/exact_product.py)."
+                "others, with a float32 scale on CPU/GPU, one float64 multiply "
+                "(jax_amp_scale/reference/float64_product.py), elsewhere the exact "
+                "integer product (exact_product.py)."
             ],
         )
     )
