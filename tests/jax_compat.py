@@ -18,6 +18,19 @@ def set_mesh(mesh):
     return jax.sharding.use_mesh(mesh)
 
 
+def shard_map(f, *, mesh, in_specs, out_specs, check_vma=True, **kwargs):
+    """`jax.shard_map` (jax >= 0.7) or the experimental one before it (check_rep)."""
+    if hasattr(jax, "shard_map"):
+        return jax.shard_map(
+            f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check_vma, **kwargs
+        )
+    from jax.experimental.shard_map import shard_map as experimental_shard_map
+
+    return experimental_shard_map(
+        f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=check_vma, **kwargs
+    )
+
+
 def export_for(fn, platforms, *args):
     """`jax.export` of `fn` for `platforms`, our custom calls allowed in dead branches."""
     checks = [

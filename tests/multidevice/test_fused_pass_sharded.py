@@ -8,6 +8,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 import jax_amp_scale as jas
 from jax_amp_scale.training import helpers
+from tests.jax_compat import set_mesh
 
 
 def _check(backend):
@@ -49,7 +50,7 @@ def test_inside_shard_map_each_device_checks_its_shard():
 def test_ffi_backend_refuses_explicitly_sharded_leaves():
     mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Explicit,))
     g = jax.device_put(jnp.ones((16,), jnp.float32), NamedSharding(mesh, PartitionSpec("x")))
-    with jax.sharding.use_mesh(mesh) if hasattr(jax.sharding, "use_mesh") else jax.set_mesh(mesh):
+    with set_mesh(mesh):
         with pytest.raises(ValueError, match="backend='ffi' cannot take explicitly sharded"):
             _check("ffi")([g], jnp.float32(2.0))
         out, found = _check("auto")([g], jnp.float32(2.0))

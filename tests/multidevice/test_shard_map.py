@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_amp_scale as jas
 from tests._rule import rule
+from tests.jax_compat import set_mesh, shard_map
 
 MODES = [AxisType.Explicit, AxisType.Auto]
 BACKENDS = ["reference", "ffi"]
@@ -89,13 +90,13 @@ def test_shard_map_replicas_stay_in_lockstep(mode, backend, mesh_name, dtype):
     want_scales, want_trackers = _expected(state, pattern)
     assert len(set(want_scales.astype(np.float32).tolist())) >= 3  # not vacuous
 
-    fn = jax.shard_map(
+    fn = shard_map(
         _local_steps(backend, _axis(names)),
         mesh=mesh,
         in_specs=(P(), P(None, names)),
         out_specs=P(),  # shard_map checks these are replicated (check_vma)
     )
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         found = jax.device_put(pattern, NamedSharding(mesh, P(None, names)))
         scales, trackers = jax.jit(fn)(state, found)
     assert scales.dtype == dtype
@@ -123,12 +124,10 @@ def test_shard_map_training_step_skips_on_every_device(mode, backend):
         return state, jnp.where(skipped, p, p - 0.5 * g)
 
     fn = jax.jit(
-        jax.shard_map(
-            step, mesh=mesh, in_specs=(P(), P(*axes), P(*axes)), out_specs=(P(), P(*axes))
-        )
+        shard_map(step, mesh=mesh, in_specs=(P(), P(*axes), P(*axes)), out_specs=(P(), P(*axes)))
     )
     state = jas.init_scale_state(2.0**10, growth_interval=100)
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         put = lambda a: jax.device_put(a, NamedSharding(mesh, P(*axes)))  # noqa: E731
         bad_state, bad_params = fn(state, put(params), put(grads_bad))
         ok_state, ok_params = fn(state, put(params), put(grads))
@@ -150,14 +149,14 @@ def test_without_the_axis_name_replicas_diverge(backend):
     state = jas.init_scale_state(2.0**10, growth_interval=3)
 
     def per_device(axis_name):
-        fn = jax.shard_map(
+        fn = shard_map(
             lambda s, f: tuple(x[None] for x in _local_steps(backend, axis_name)(s, f)),
             mesh=mesh,
             in_specs=(P(), P(None, "data")),
             out_specs=P("data"),
             check_vma=False,
         )
-        with jax.set_mesh(mesh):
+        with set_mesh(mesh):
             scales, _ = jax.jit(fn)(
                 state, jax.device_put(pattern, NamedSharding(mesh, P(None, "data")))
             )
@@ -175,7 +174,7 @@ def _missing_axis(backend):
     """Reduces over 'data' only while found_inf varies over 'model' too."""
     mesh = _mesh("2d", AxisType.Explicit)
     spec = P(None, ("data", "model"))
-    fn = jax.shard_map(
+    fn = shard_map(
         lambda s, f: jas.update_scale(s, f[0, 0], backend, axis_name="data").scale,
         mesh=mesh,
         in_specs=(P(), spec),
@@ -183,7 +182,7 @@ def _missing_axis(backend):
     )
     found = np.zeros((1, 8), dtype=bool)
     found[0, 3] = True  # the device at data=1, model=1
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         found = jax.device_put(found, NamedSharding(mesh, spec))
         return jax.jit(fn)(jas.init_scale_state(2.0**10), found)
 
@@ -280,9 +279,9 @@ def test_gradients_of_replicated_params_come_back_summed(mode):
             g = jax.grad(_loss)(_varying(w, "data") if cast else w, x)
             return g[None]
 
-        return jax.shard_map(local, mesh=mesh, in_specs=(P(), P("data")), out_specs=P("data"))
+        return shard_map(local, mesh=mesh, in_specs=(P(), P("data")), out_specs=P("data"))
 
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         xd = jax.device_put(x, NamedSharding(mesh, P("data")))
         local_grads = np.asarray(jax.jit(fn(True))(w, xd))
         summed = np.asarray(jax.jit(fn(False))(w, xd))
@@ -307,11 +306,11 @@ def test_value_and_grad_axis_name_under_shard_map(mode, backend):
             local_found = ~jnp.all(jnp.isfinite(grads))
             return jas.update_scale(state, found, backend), found, local_found[None]
 
-        return jax.shard_map(
+        return shard_map(
             fn, mesh=mesh, in_specs=(P(), P(), P("data")), out_specs=(P(), P(), P("data"))
         )
 
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         x = jax.device_put(_batches(0)[0], NamedSharding(mesh, P("data")))
         new, found, local_found = jax.jit(local("data"))(state, w, x)
         with pytest.raises(ValueError, match="out_specs"):  # the control
@@ -391,10 +390,10 @@ def test_loss_scaled_axis_name_under_shard_map(mode, backend):
         return optax.apply_updates(w, updates), opt_state
 
     step = jax.jit(
-        jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P("data")), out_specs=(P(), P()))
+        shard_map(local, mesh=mesh, in_specs=(P(), P(), P("data")), out_specs=(P(), P()))
     )
     w0 = np.ones((4,), np.float32)
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         w, opt = _loss_scaled_run(
             tx, step, w0, [jax.device_put(x, NamedSharding(mesh, P("data"))) for x in xs]
         )

@@ -7,6 +7,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_amp_scale as jas
+from tests.jax_compat import set_mesh, shard_map
 from tests.population import N, expected_member, population, random_founds, run_population
 
 MODES = [AxisType.Explicit, AxisType.Auto]
@@ -47,7 +48,7 @@ def test_population_sharded_over_devices(mode, backend):
     want = [expected_member(jax.tree.map(lambda a: a[0], states), founds[:, m]) for m in range(N)]
     step = _one_step(backend)
     mesh = _pop_mesh(mode)
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         states = jax.device_put(states, NamedSharding(mesh, P("pop")))
         for t, found in enumerate(founds):
             states = step(states, jax.device_put(found, NamedSharding(mesh, P("pop"))))
@@ -64,7 +65,7 @@ def _collectives(text):
 
 def _stays_sharded(mode, backend):
     mesh = _pop_mesh(mode)
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         sharding = NamedSharding(mesh, P("pop"))
         states = jax.device_put(population(), sharding)
         found = jax.device_put(random_founds(seed=4)[0], sharding)
@@ -100,9 +101,9 @@ def test_sharded_population_under_shard_map(mode, backend):
     states, founds = population(), random_founds(seed=5)
     want_scales, want_trackers = run_population("reference")(states, founds)
     mesh = _pop_mesh(mode)
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         run = jax.jit(
-            jax.shard_map(
+            shard_map(
                 run_population(backend),
                 mesh=mesh,
                 in_specs=(P("pop"), P(None, "pop")),

@@ -22,6 +22,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_amp_scale as jas
+from tests.jax_compat import set_mesh
 
 MODES = [AxisType.Explicit, AxisType.Auto]
 BACKENDS = ["reference", "ffi"]
@@ -130,7 +131,7 @@ def test_overflow_in_one_shard_makes_every_device_skip(layout, backend, mode, le
     grads_np = _params(seed=7)
     grads_np[leaf][index] = bad
     state0 = jas.init_scale_state(2.0**10, growth_interval=3)
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         params_d = _put(params, mesh, specs)
         grads_d = _put(grads_np, mesh, specs)
         state_d = jax.device_put(state0, NamedSharding(mesh, P()))
@@ -162,7 +163,7 @@ def test_finite_step_updates_every_shard(layout, backend, mode):
     mesh = _mesh(layout, mode)
     _, _, specs, _ = LAYOUTS[layout]
     params, grads = _params(), _params(seed=7)
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         state, new_params, found = jax.jit(_apply, static_argnums=3)(
             jax.device_put(
                 jas.init_scale_state(2.0**10, growth_interval=3), NamedSharding(mesh, P())
@@ -226,7 +227,7 @@ def test_sharded_training_matches_single_device(layout, backend, mode):
 
     mesh = _mesh(layout, mode)
     _, _, specs, batch_spec = LAYOUTS[layout]
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         trace, state, new_params = _run(
             jax.jit(lambda *a: _train_step(*a, backend)),
             jax.device_put(state0, NamedSharding(mesh, P())),
@@ -280,7 +281,7 @@ def test_collective_parser_sees_a_gather():
     # Guards the HLO checks below against a parser that finds nothing.
     mesh = _mesh("fully_sharded", AxisType.Auto)
     x = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P("data")))
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         found = _collectives(
             lambda a: jax.lax.with_sharding_constraint(a, NamedSharding(mesh, P())) * 2, x
         )
@@ -311,7 +312,7 @@ def _apply_library(state, params, grads, backend):
 def test_decision_compiles_to_one_scalar_reduction(layout, backend, mode, apply):
     mesh = _mesh(layout, mode)
     _, _, specs, _ = LAYOUTS[layout]
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         args = (
             jax.device_put(jas.init_scale_state(), NamedSharding(mesh, P())),
             _put(_params(), mesh, specs),
@@ -329,7 +330,7 @@ def test_loss_scaling_adds_only_the_decision_to_a_training_step(layout, backend,
     mesh = _mesh(layout, mode)
     _, _, specs, batch_spec = LAYOUTS[layout]
     x, y = _batch()
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         params = _put(_params(), mesh, specs)
         x = jax.device_put(x, NamedSharding(mesh, batch_spec))
         y = jax.device_put(y, NamedSharding(mesh, batch_spec))
@@ -379,7 +380,7 @@ def test_loss_scaled_under_sharding(layout, backend, mode):
     x, y = _batch()
     x_bad = x.copy()
     x_bad[3, 0] = np.inf  # one example, on one device's rows
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         params = _put(_params(), mesh, specs)
         put = lambda a: jax.device_put(a, NamedSharding(mesh, batch_spec))  # noqa: E731
         x, x_bad, y = put(x), put(x_bad), put(y)
