@@ -1,9 +1,9 @@
 """Workload 2: one pass over the gradients (unscale and check for inf/NaN).
 
 256 MiB of float32 (and float16, bfloat16: --dtypes) gradients split over
-1, 100 and 10,000 leaves.  Each candidate is one jitted call that reads every gradient,
-writes the unscaled gradients in place (the gradients are donated) and
-returns whether any is non-finite.  The baseline is a plain copy of the same
+1, 100 and 10,000 leaves.  Each candidate is one jitted call that reads
+every gradient, writes the unscaled gradients in place (the gradients are
+donated) and returns whether any is non-finite.  The baseline is a plain copy of the same
 bytes, ``y = -x`` in place (read 256 MiB, write 256 MiB); the peers do the
 same work with their own functions (jmp) or their documented pattern written
 out (flax, optax: neither exports an unscale-and-check on a given tree).
@@ -271,8 +271,8 @@ def run_case(
     next call takes the result back with the inverse scale, so values stay
     the same magnitude.  `first_call` (name -> leaves -> seconds of the
     first, compiling call) is filled in; above 100 leaves a candidate whose
-    first call, projected with exponent `GROWTH` from the largest size run so far, would
-    pass `budget_s` is skipped (the copy baseline always runs).
+    first call, projected with exponent `GROWTH` from the largest size run so
+    far, would pass `budget_s` is skipped (the copy baseline always runs).
     """
     grads = make_grads(total_bytes, n_leaves, dtype)
     cands, skipped = {}, []
