@@ -275,9 +275,17 @@ __attribute__((target("avx,f16c"))) inline bool UnscaleF16F16c(const uint16_t* i
     UnscaleF16Line(in + i, out + i, vinv, any);
   }
   for (; i + 32 <= n; i += 32) UnscaleF16Line(in + i, out + i, vinv, any);
-  bool bad = _mm_movemask_epi8(any) != 0;
-  if (i < n) bad |= UnscaleF16Portable(in + i, out + i, n - i, inv);
-  return bad;
+  if (i < n) {
+    // The last 1-31 elements through the same conversions, on a copy padded
+    // with repeats of the first of them (so the padding adds no flag).  The
+    // portable loop's software conversions made 12- to 31-element tails on
+    // 10,000 leaves of 13,400 elements 8-10% slower (one thread).
+    uint16_t line[32];
+    for (int64_t k = 0; k < 32; ++k) line[k] = in[i + (i + k < n ? k : 0)];
+    UnscaleF16Line(line, line, vinv, any);
+    std::memcpy(out + i, line, static_cast<size_t>(n - i) * sizeof(uint16_t));
+  }
+  return _mm_movemask_epi8(any) != 0;
 }
 
 inline bool HaveF16c() {

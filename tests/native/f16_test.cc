@@ -74,6 +74,27 @@ int main() {
       }
     }
   }
+  // Every tail length (1-31 elements after the last whole line, which the
+  // loop converts on a padded copy): every pattern lands in a tail, in
+  // place and out of place, against the portable loop; bits and flags.
+  for (float inv : {0.5f, 0x1p-24f, 65504.0f, 0.0f}) {
+    for (int64_t r = 1; r < 32; ++r) {
+      const int64_t seg = 32 + r;
+      for (int64_t at = 0; at + seg <= n; at += seg) {
+        uint16_t in_place[64], out[64], want[64];
+        std::memcpy(in_place, src.data() + at, seg * sizeof(uint16_t));
+        const bool fa = jas::UnscaleF16F16c(in_place, in_place, seg, inv);
+        const bool fc = jas::UnscaleF16F16c(src.data() + at, out, seg, inv);
+        const bool fb = jas::UnscaleF16Portable(src.data() + at, want, seg, inv);
+        if ((fa != fb || fc != fb || std::memcmp(in_place, want, seg * sizeof(uint16_t)) != 0 ||
+             std::memcmp(out, want, seg * sizeof(uint16_t)) != 0) &&
+            bad++ < 60) {
+          std::printf("f16 tail of %lld at %lld, inv %a: differs\n", static_cast<long long>(r),
+                      static_cast<long long>(at), inv);
+        }
+      }
+    }
+  }
   bad = CompareEveryFloat(bad);
   // bfloat16: the AVX2 loop against the portable one on every pattern, in
   // place and out of place, with a tail.
