@@ -237,6 +237,41 @@ def test_both_skip_strategies_give_the_same_bits(found):
         tree_equal(u_sel, jax.tree.map(jnp.zeros_like, grads))
 
 
+@pytest.mark.parametrize("found", [False, True])
+def test_skip_zeros_every_leaf_in_its_own_type(found):
+    """Leaves of one shape in several dtypes, and of several shapes in one
+    dtype (the skip shares one zeros array per type): a skipped step's
+    updates are zeros of each leaf's own shape and dtype, the state is the
+    old one; an applied step is the inner update, bit for bit."""
+    from jax_amp_scale.training.optax import _update_unless
+
+    params = {
+        "a": jnp.full((3,), 0.5, jnp.float32),
+        "b": jnp.full((3,), -0.25, jnp.float32),
+        "c": jnp.full((3,), 0.75, jnp.bfloat16),
+        "d": jnp.full((2, 3), 1.5, jnp.float32),
+        "e": jnp.float32(2.0),
+    }
+    grads = jax.tree.map(lambda p: (p * 3 + 1).astype(p.dtype), params)
+    inner = optax.with_extra_args_support(optax.sgd(0.1, momentum=0.9))
+    state = inner.update(grads, inner.init(params), params)[1]  # nonzero momentum
+    # Jitted as the skip is (op by op, XLA may round a fused expression
+    # differently).
+    want_u, want_s = jax.jit(inner.update)(grads, state, params)
+    u, s, bad = jax.jit(
+        lambda g, st, p, f: _update_unless(f, inner, g, st, p, {}, by_select=True)
+    )(grads, state, params, jnp.array(found))
+    assert not bool(bad)
+    for k in params:
+        assert u[k].shape == params[k].shape and u[k].dtype == want_u[k].dtype
+    if found:
+        tree_equal(u, jax.tree.map(jnp.zeros_like, want_u))
+        tree_equal(s, state)
+    else:
+        tree_equal(u, want_u)
+        tree_equal(s, want_s)
+
+
 def test_select_skip_reads_one_flag_whatever_the_tree_size():
     """With the fused pass's flag, no kernel of the step grows with the tree.
 

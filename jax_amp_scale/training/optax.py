@@ -123,16 +123,47 @@ def get_loss_scaled_state(opt_state: Any) -> LossScaledState:
 
 def _strongly_typed(tree: Any) -> Any:
     # Weak-typed leaves would make the two cond branches' types differ.
-    return jax.tree_util.tree_map(
-        lambda x: jax.lax.convert_element_type(x, jnp.result_type(x)), tree
-    )
+    def one(x: Any) -> Any:
+        if not jax.typeof(x).weak_type:
+            return x
+        return jax.lax.convert_element_type(x, jnp.result_type(x))
+
+    return jax.tree_util.tree_map(one, tree)
+
+
+def _pick(flag: jax.Array, on_true: Any, on_false: Any) -> jax.Array:
+    """``jnp.where(flag, on_true, on_false)`` for a scalar bool `flag`, typed as
+    `on_false`, as one ``lax.select``: ``jnp.where`` stages a nested jit for
+    every leaf, which the tracer then inlines (trace time on every compile)."""
+    on_false = jnp.asarray(on_false)
+    # jnp.asarray: optax allows Python scalars in a state ({"foo": 1}).
+    on_true = jnp.asarray(on_true)
+    if on_true.dtype != on_false.dtype:
+        on_true = on_true.astype(on_false.dtype)
+    if on_true.shape != on_false.shape:
+        on_true = jnp.broadcast_to(on_true, on_false.shape)
+    return jax.lax.select(flag, on_true, on_false)
+
+
+def _zeros_where(flag: jax.Array, tree: Any) -> Any:
+    """`tree` with every leaf zeroed where the scalar bool `flag` holds.
+
+    One zeros array per distinct type (shape, dtype, sharding), shared by the
+    leaves of that type: a model repeats few shapes, and each zeros_like is
+    traced and lowered on its own."""
+    zeros: dict[Any, jax.Array] = {}
+
+    def one(u: Any) -> jax.Array:
+        key = jax.typeof(u)
+        if key not in zeros:
+            zeros[key] = jnp.zeros_like(u)
+        return _pick(flag, zeros[key], u)
+
+    return jax.tree_util.tree_map(one, tree)
 
 
 def _keep(old: Any, new: Any, flag: Any) -> Any:
-    # jnp.asarray: optax allows Python scalars in a state ({"foo": 1}).
-    return jax.tree_util.tree_map(
-        lambda o, n: jnp.where(flag, jnp.asarray(o).astype(n.dtype), n), old, new
-    )
+    return jax.tree_util.tree_map(lambda o, n: _pick(flag, o, n), old, new)
 
 
 def _update_unless(
@@ -192,9 +223,7 @@ def _update_unless(
             dropped = jax.lax.cond(found, yes, lambda: jnp.bool_(False))
         if check is not None:
             dropped = dropped | bad
-        updates = jax.tree_util.tree_map(
-            lambda u: jnp.where(dropped, jnp.zeros_like(u), u), new_updates
-        )
+        updates = _zeros_where(dropped, new_updates)
         return updates, _keep(inner_state, new_state, dropped), bad & ~found
 
     def apply(operands: tuple[Any, Any]) -> tuple[Any, Any, jax.Array]:
@@ -202,7 +231,7 @@ def _update_unless(
         if check is None:
             return u, st, jnp.bool_(False)
         bad = check(u)
-        u = jax.tree_util.tree_map(lambda x: jnp.where(bad, jnp.zeros_like(x), x), u)
+        u = _zeros_where(bad, u)
         return u, _keep(operands[1], st, bad), bad
 
     def skip(operands: tuple[Any, Any]) -> tuple[Any, Any, jax.Array]:
@@ -516,9 +545,7 @@ def loss_scaled(
             bad = jnp.bool_(False)
             if check is not None:
                 bad = check(new_updates)
-                new_updates = jax.tree_util.tree_map(
-                    lambda x: jnp.where(bad, jnp.zeros_like(x), x), new_updates
-                )
+                new_updates = _zeros_where(bad, new_updates)
                 new_inner = _keep(state.inner_state, new_inner, bad)
         dropped = bad | found if drop else bad
         reason = jnp.where(bad, int(SkipReason.NONFINITE_UPDATE), int(SkipReason.APPLIED))
