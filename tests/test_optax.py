@@ -258,9 +258,9 @@ def test_skip_zeros_every_leaf_in_its_own_type(found):
     # Jitted as the skip is (op by op, XLA may round a fused expression
     # differently).
     want_u, want_s = jax.jit(inner.update)(grads, state, params)
-    u, s, bad = jax.jit(
-        lambda g, st, p, f: _update_unless(f, inner, g, st, p, {}, by_select=True)
-    )(grads, state, params, jnp.array(found))
+    u, s, bad = jax.jit(lambda g, st, p, f: _update_unless(f, inner, g, st, p, {}, by_select=True))(
+        grads, state, params, jnp.array(found)
+    )
     assert not bool(bad)
     for k in params:
         assert u[k].shape == params[k].shape and u[k].dtype == want_u[k].dtype
