@@ -7,7 +7,9 @@ and the compile time.  A fusion whose operand count grows with the number of
 leaves means a value (the overflow flag) was recomputed inside every
 per-leaf kernel: compile time then grows with the square of the tree.  It
 also times compiling N per-leaf reductions alone against N elementwise
-kernels, the per-kernel cost XLA:CPU pays for each leaf's finiteness check.
+kernels, the per-kernel cost XLA:CPU pays for each leaf's finiteness check,
+and what an exact skip (a select per leaf) adds to compiling a plain
+momentum step.
 
     python bench/probe_hlo.py                 # 10 and 100 leaves
     python bench/probe_hlo.py --leaves 20     # one size
@@ -84,6 +86,54 @@ def kernel_cost(n: int) -> dict[str, float]:
     return out
 
 
+def momentum_step(skip: str):
+    """A plain momentum step over leaves (no custom call, no scaling), with
+    the update skipped by `skip`: "none", "select" (lax.select per leaf, as
+    loss_scaled's skip) or "bit blend" (the same choice made on the bits)."""
+
+    def blend(flag, old, new):
+        # new where not flag, old where flag, on the int32 bits: exact too.
+        mask = -flag.astype(jnp.int32)
+        o, n = (jax.lax.bitcast_convert_type(x, jnp.int32) for x in (old, new))
+        return jax.lax.bitcast_convert_type(n ^ ((n ^ o) & mask), jnp.float32)
+
+    def step(params, moms, batch, flag_source):
+        flag = flag_source > 0  # known only at run time
+        out_p, out_m = [], []
+        for p, m in zip(params, moms, strict=True):
+            new_m = 0.9 * m + jnp.tanh(p * batch) * batch
+            u = -1e-3 * new_m
+            if skip == "select":
+                new_m = jax.lax.select(flag, m, new_m)
+                u = jax.lax.select(flag, jnp.zeros_like(u), u)
+            elif skip == "bit blend":
+                new_m, u = blend(flag, m, new_m), blend(flag, jnp.zeros_like(u), u)
+            out_p.append(p + u)
+            out_m.append(new_m)
+        return out_p, out_m
+
+    return step
+
+
+def skip_cost(n: int, reps: int = 5) -> dict[str, float]:
+    """Median XLA compile seconds of `momentum_step` with n leaves, per skip,
+    fresh compiles interleaved."""
+    params = [jnp.full((bench_compile.LEAF,), 0.01 * (i % 7 + 1)) for i in range(n)]
+    moms = [jnp.zeros((bench_compile.LEAF,)) for _ in range(n)]
+    batch = jnp.linspace(-1.0, 1.0, bench_compile.LEAF)
+    times: dict[str, list[float]] = {"none": [], "select": [], "bit blend": []}
+    for _ in range(reps):
+        for skip in times:
+            step = momentum_step(skip)
+            lowered = jax.jit(lambda *a, step=step: step(*a)).lower(
+                params, moms, batch, jnp.float32(1)
+            )
+            t0 = time.perf_counter()
+            lowered.compile()
+            times[skip].append(time.perf_counter() - t0)
+    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--leaves", type=int, nargs="+", default=[10, 100])
@@ -118,6 +168,12 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---:|---:|")
     for name, secs in kernel_cost(n).items():
         print(f"| {name} | {secs:.2f} | {secs / n * 1e3:.1f} |")
+    print(f"\n#### an exact skip in a plain momentum step, {n} leaves (XLA compile)\n")
+    print("| skip | compile (s) | ratio to none |")
+    print("|---|---:|---:|")
+    costs = skip_cost(n)
+    for name, secs in costs.items():
+        print(f"| {name} | {secs:.3f} | {secs / costs['none']:.2f} |")
 
 
 if __name__ == "__main__":

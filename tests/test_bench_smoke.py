@@ -224,6 +224,44 @@ def test_probe_hlo_counts_every_candidate():
             kernels, reductions, operands, lines = (int(c) for c in r.split(" | ")[1:5])
             assert kernels > 0 and operands > 0 and lines > 0 and reductions >= 0
     assert "per-leaf kernels alone" in proc.stdout
+    skip_rows = proc.stdout.split("an exact skip in a plain momentum step")[1].splitlines()
+    assert [r.split(" | ")[0][2:] for r in skip_rows if r.startswith("| ")][1:] == [
+        "none",
+        "select",
+        "bit blend",
+    ]
+
+
+def test_probe_hlo_skips_are_exact():
+    """The probe's two skips keep the old values bit for bit, or apply the step."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import probe_hlo
+
+    params = [jnp.array([0.5, -1.0, jnp.nan]), jnp.array([2.0, 0.0, -0.0])]
+    moms = [jnp.array([0.1, -0.0, 3.0]), jnp.array([jnp.inf, 1e-40, -2.0])]
+    batch = jnp.array([1.0, -0.5, 0.25])
+    plain = jax.jit(probe_hlo.momentum_step("none"))(params, moms, batch, jnp.float32(0))
+    for skip in ("select", "bit blend"):
+        f = jax.jit(probe_hlo.momentum_step(skip))
+        for got, want in zip(
+            jax.tree.leaves(f(params, moms, batch, jnp.float32(0))),
+            jax.tree.leaves(plain),
+            strict=True,
+        ):
+            np.testing.assert_array_equal(
+                np.asarray(got).view(np.int32), np.asarray(want).view(np.int32)
+            )
+        new_p, new_m = f(params, moms, batch, jnp.float32(1))  # skipped
+        # moments kept bit for bit; parameters get a zero update (p + 0:
+        # -0.0 becomes 0.0, as with optax's zero updates)
+        for got, want in zip(new_m, moms, strict=True):
+            np.testing.assert_array_equal(
+                np.asarray(got).view(np.int32), np.asarray(want).view(np.int32)
+            )
+        for got, want in zip(new_p, params, strict=True):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want) + 0.0)
 
 
 @pytest.mark.skipif(not _ours_expected(), reason="needs the native extension")
