@@ -8,7 +8,20 @@ from jax import export
 # jax < 0.7 lowers every lax.platform_dependent branch, the ones for other
 # platforms included (dead code there), so a custom call of the CPU branch
 # appears in a program exported for other platforms.
-LOWERS_EVERY_BRANCH = tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 7)
+BEFORE_0_7 = tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 7)
+LOWERS_EVERY_BRANCH = BEFORE_0_7
+
+# What jax 0.6 itself cannot do, found running tests/multidevice against it.
+GRAD_OF_VARYING_LOSS = (
+    "jax < 0.7: jax.grad of a loss typed as varying inside shard_map fails in jax "
+    "itself (ValueError: unexpected JAX type for argument to vjp function), "
+    "library or not"
+)
+VMAP_SELECT_EXPLICIT = (
+    "jax < 0.7 (explicit sharding experimental): vmap of a select over an "
+    "explicitly sharded population raises ShardingTypeError (select cases must "
+    "have the same shardings)"
+)
 
 
 def set_mesh(mesh):
@@ -38,3 +51,20 @@ def export_for(fn, platforms, *args):
         for t in ("jas_update_scale", "jas_unscale_and_check")
     ]
     return export.export(jax.jit(fn), platforms=platforms, disabled_checks=checks)(*args)
+
+
+def reshard(x, spec):
+    """`jax.sharding.reshard` (jax >= 0.7) or `jax.experimental.shard.reshard`."""
+    if hasattr(jax.sharding, "reshard"):
+        return jax.sharding.reshard(x, spec)
+    from jax.experimental.shard import reshard as experimental_reshard
+
+    return experimental_reshard(x, spec)
+
+
+def pcast_varying(x, axes):
+    """`x` typed as varying over `axes` inside shard_map: `lax.pcast(to="varying")`
+    (jax >= 0.8) or `lax.pvary` before it."""
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(x, axes, to="varying")
+    return jax.lax.pvary(x, axes)

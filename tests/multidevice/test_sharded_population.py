@@ -7,10 +7,13 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_amp_scale as jas
-from tests.jax_compat import set_mesh, shard_map
+from tests.jax_compat import BEFORE_0_7, VMAP_SELECT_EXPLICIT, set_mesh, shard_map
 from tests.population import N, expected_member, population, random_founds, run_population
 
 MODES = [AxisType.Explicit, AxisType.Auto]
+
+
+OLD_EXPLICIT = pytest.mark.xfail(BEFORE_0_7, reason=VMAP_SELECT_EXPLICIT, strict=True)
 
 
 def _pop_mesh(mode):
@@ -31,12 +34,15 @@ _FFI_UNPARTITIONED = (
 @pytest.mark.parametrize(
     ("mode", "backend"),
     [
-        (AxisType.Explicit, "reference"),
+        pytest.param(AxisType.Explicit, "reference", marks=OLD_EXPLICIT),
         (AxisType.Auto, "reference"),
         pytest.param(
             AxisType.Explicit,
             "ffi",
-            marks=pytest.mark.xfail(strict=True, raises=ValueError, reason=_FFI_UNPARTITIONED),
+            # Fails only on jax >= 0.7 (the reason); on jax 0.6 it passes.
+            marks=pytest.mark.xfail(
+                not BEFORE_0_7, strict=True, raises=ValueError, reason=_FFI_UNPARTITIONED
+            ),
         ),
         (AxisType.Auto, "ffi"),
     ],
@@ -75,7 +81,9 @@ def _stays_sharded(mode, backend):
     assert _collectives(text) == []
 
 
-@pytest.mark.parametrize("mode", MODES, ids=str)
+@pytest.mark.parametrize(
+    "mode", [pytest.param(AxisType.Explicit, marks=OLD_EXPLICIT), AxisType.Auto], ids=str
+)
 def test_sharded_population_stays_sharded_reference(mode):
     _stays_sharded(mode, "reference")
 

@@ -22,7 +22,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_amp_scale as jas
-from tests.jax_compat import set_mesh
+from tests.jax_compat import BEFORE_0_7, reshard, set_mesh
 
 MODES = [AxisType.Explicit, AxisType.Auto]
 BACKENDS = ["reference", "ffi"]
@@ -76,7 +76,7 @@ def _gathered(*params):
     """Fully sharded params are gathered before use (FSDP); a no-op unsharded."""
     if jax.sharding.get_abstract_mesh().empty:
         return params
-    return tuple(jax.sharding.reshard(p, P()) for p in params)
+    return tuple(reshard(p, P()) for p in params)
 
 
 def _loss(params, x, y):
@@ -294,6 +294,19 @@ def test_collective_parser_sees_a_gather():
 DECISION_REDUCTIONS = {"data_parallel": 0, "fully_sharded": 1, "fsdp_tp": 2}
 
 
+def _assert_decision_only(extra, layout):
+    """`extra` (collectives beyond the plain step's) is the decision alone:
+    scalar all-reduces, as many as DECISION_REDUCTIONS says.  jax < 0.7's
+    XLA does not combine the per-leaf ones (2 and 3 of them here, for
+    fully_sharded and fsdp_tp: at most one per leaf per sharded axis)."""
+    assert all(_is_scalar_all_reduce(c) for c in extra), extra
+    want = DECISION_REDUCTIONS[layout]
+    if BEFORE_0_7:
+        assert want <= len(extra) <= want * len(_params()), extra
+    else:
+        assert len(extra) == want, extra
+
+
 def _apply_library(state, params, grads, backend):
     """The decision with the library's helpers: unscale_and_check, update_scale."""
     grads, found = jas.unscale_and_check(grads, state)
@@ -319,8 +332,7 @@ def test_decision_compiles_to_one_scalar_reduction(layout, backend, mode, apply)
             _put(_params(seed=7), mesh, specs),
         )
         found = _collectives(lambda s, p, g: apply(s, p, g, backend), *args)
-    assert all(_is_scalar_all_reduce(c) for c in found), found
-    assert len(found) == DECISION_REDUCTIONS[layout], found
+    _assert_decision_only(found, layout)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -341,8 +353,7 @@ def test_loss_scaling_adds_only_the_decision_to_a_training_step(layout, backend,
     extra = list(scaled)
     for c in plain:
         extra.remove(c)  # ValueError: scaling changed a gradient collective
-    assert all(_is_scalar_all_reduce(c) for c in extra), extra
-    assert len(extra) == DECISION_REDUCTIONS[layout], extra
+    _assert_decision_only(extra, layout)
 
 
 # --- the optax wrapper under jit with shardings ------------------------------
@@ -391,8 +402,7 @@ def test_loss_scaled_under_sharding(layout, backend, mode):
         extra = list(_collectives(scaled, params, opt_state, x, y))
         for c in _collectives(plain, params, inner.init(params), x, y):
             extra.remove(c)
-    assert all(_is_scalar_all_reduce(c) for c in extra), extra
-    assert len(extra) == DECISION_REDUCTIONS[layout], extra
+    _assert_decision_only(extra, layout)
     # The overflow step is skipped on every device; the next one is not.
     for name, spec in specs.items():
         _assert_sharded_as(bad_params[name], mesh, spec)
