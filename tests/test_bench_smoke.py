@@ -112,8 +112,8 @@ def test_one_pass_over_gradients(suite):
         ours = [
             "ours unscale_and_check[auto]",
             "ours[auto], loop of 1 pass",
-            "ours[auto], the same loop, 3 passes",
-            "ours[auto] inside a program: one pass ((3-pass - 1-pass loop) / 2)",
+            "ours[auto], the same loop, 9 passes",
+            "ours[auto] inside a program: one pass ((9-pass - 1-pass loop) / 8)",
         ]
         if "float32" in t.title:
             ours.append("ours unscale_and_check[reference]")
