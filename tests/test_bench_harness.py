@@ -34,3 +34,47 @@ def test_harness_ratios_are_paired():
         _harness.measure({"a": cand("a")}, baseline="z", reps=1)
     with pytest.raises(ValueError, match="reps"):
         _harness.measure({"a": cand("a")}, baseline=None, reps=0)
+
+
+def test_compile_targets_name_each_model_and_size():
+    """run_all's target lines: one verdict per compile table, named by its
+    model and size, against 1.3x of that table's plain step; growth per model."""
+    import run_all
+
+    def table(workload, title, ours_ratio, growth):
+        rows = [
+            _harness.Row("plain", [1.0], [1.0]),
+            _harness.Row("ours loss_scaled[auto]", [ours_ratio], [ours_ratio]),
+        ]
+        return _harness.Table(
+            workload,
+            title,
+            "plain",
+            rows,
+            unit="s",
+            columns={
+                "growth exponent (1 = linear)": {"plain": growth, "ours loss_scaled[auto]": growth}
+            },
+        )
+
+    lines = run_all.targets(
+        [
+            table("3. Compile time", "training step, 10 parameter leaves", 1.29, "10->100: 1.00"),
+            table(
+                "3. Compile time, dense layers",
+                "MLP training step, 10 parameter leaves",
+                1.31,
+                "10->100: 0.90",
+            ),
+        ]
+    )
+    assert lines == [
+        "- Compile time within 1.3x of plain, training step, 10 parameter leaves: **met** "
+        "(worst of ours 1.29x).",
+        "- 3. Compile time, growth exponent (1 = linear): plain (10->100: 1.00); "
+        "ours loss_scaled[auto] (10->100: 1.00).",
+        "- Compile time within 1.3x of plain, MLP training step, 10 parameter leaves: "
+        "**missed** (worst of ours 1.31x).",
+        "- 3. Compile time, dense layers, growth exponent (1 = linear): plain (10->100: 0.90); "
+        "ours loss_scaled[auto] (10->100: 0.90).",
+    ]
