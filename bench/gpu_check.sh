@@ -104,18 +104,19 @@ stage cuda-tests 90 "$PYTHON" -m pytest -x -q -p no:cacheprovider tests/test_cud
 # --- workloads: one run_all.py run, sizes cut to fit ------------------------
 # step: 10 repetitions; unscale: 1/100/1,000 leaves of 64 MiB (float32 and
 # float16, ours/copy/dispatch floor only: torch and the host bandwidth limit
-# are CPU references); compile: 10/100/1,000 leaves, plain/ours, projected
-# compiles past 25 s skipped; operator: 20,000 scan steps.
+# are CPU references); compile: the tree model at 10/100/1,000 leaves,
+# plain/ours, projected compiles past 25 s skipped (the dense model,
+# --models dense, would double the stage); operator: 20,000 scan steps.
 if [[ $DRY == 1 ]]; then
   SIZE=(--tiny)
   UNSCALE="unscale=--no-peers --no-torch"
-  COMPILE="compile=--candidates 'ours loss_scaled[auto]'"
+  COMPILE="compile=--models tree --candidates 'ours loss_scaled[auto]'"
   STEP="step="
   OPER="update_scale="
 else
   SIZE=()
   UNSCALE="unscale=--no-peers --no-torch --mib 64 --leaves 1 100 1000 --reps 5 --budget-s 30"
-  COMPILE="compile=--leaves 10 100 1000 --reps 3 --budget-s 25 --candidates 'ours loss_scaled[auto]' 'ours loss_scaled[reference]'"
+  COMPILE="compile=--models tree --leaves 10 100 1000 --reps 3 --budget-s 25 --candidates 'ours loss_scaled[auto]' 'ours loss_scaled[reference]'"
   STEP="step=--reps 10"
   OPER="update_scale=--steps 20000 --reps 5"
 fi
