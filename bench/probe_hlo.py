@@ -8,8 +8,9 @@ leaves means a value (the overflow flag) was recomputed inside every
 per-leaf kernel: compile time then grows with the square of the tree.  It
 also times compiling N per-leaf reductions alone against N elementwise
 kernels, the per-kernel cost XLA:CPU pays for each leaf's finiteness check,
-and what an exact skip (a select per leaf) adds to compiling a plain
-momentum step.
+what an exact skip (a select per leaf) adds to compiling a plain momentum
+step, what each part of `loss_scaled` adds to the step's compile (one part
+switched on after another), and what one conditional costs to compile.
 
     python bench/probe_hlo.py                 # 10 and 100 leaves
     python bench/probe_hlo.py --leaves 20     # one size
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -54,7 +56,7 @@ def hlo_stats(text: str) -> dict[str, int]:
 
 def compile_step(builder, n: int):
     params = bench_compile.make_params(n)
-    batch = jnp.linspace(-1.0, 1.0, bench_compile.LEAF, dtype=jnp.float32)
+    batch = bench_compile.MODELS["tree"].make_batch()
     carry, step = builder(bench_compile.leafy_loss, params, optax.sgd(1e-3, momentum=0.9))
     leaves, treedef = jax.tree.flatten(carry)
 
@@ -134,6 +136,102 @@ def skip_cost(n: int, reps: int = 5) -> dict[str, float]:
     return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
 
 
+def loss_scaled_builder(**kwargs) -> _steps.Builder:
+    """The workload-3 step with `loss_scaled(**kwargs)` (as `_steps.ours`)."""
+
+    def build(loss_fn, params, opt):
+        import jax_amp_scale as jas
+        from jax_amp_scale import optax as jas_optax
+
+        tx = jas_optax.loss_scaled(opt, scale=jas.init_scale_state(_steps.INIT_SCALE), **kwargs)
+
+        def step(carry, batch):
+            params, opt_state = carry
+            grads = jax.grad(lambda p: jas.scale_loss(loss_fn(p, batch), opt_state))(params)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        return (params, tx.init(params)), step
+
+    return build
+
+
+def unscale_only(loss_fn, params, opt):
+    """The plain step with the fused pass added, nothing else of loss_scaled."""
+    import jax_amp_scale as jas
+
+    def step(carry, batch):
+        params, opt_state = carry
+        grads = jax.grad(lambda p: loss_fn(p, batch) * _steps.INIT_SCALE)(params)
+        grads, _ = jas.unscale_and_check(grads, jas.init_scale_state(_steps.INIT_SCALE))
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    return (params, opt.init(params)), step
+
+
+PARTS = {
+    "plain step": _steps.plain,
+    "+ unscale_and_check (fused pass)": unscale_only,
+    "+ update_scale and the state's counters": loss_scaled_builder(
+        drop_overflow_update=False, overflow_callbacks=False
+    ),
+    "+ the skip (a select per leaf)": loss_scaled_builder(
+        drop_overflow_update=True, overflow_callbacks=False
+    ),
+    "+ the overflow report (loss_scaled's default)": loss_scaled_builder(),
+}
+
+
+def parts_cost(n: int, reps: int = 9) -> dict[str, tuple[float, float]]:
+    """(median seconds, median paired ratio to the plain step) of a fresh
+    trace+lower+compile of the step, each part of loss_scaled added in turn."""
+    params = bench_compile.make_params(n)
+    batch = bench_compile.MODELS["tree"].make_batch()
+    times: dict[str, list[float]] = {k: [] for k in PARTS}
+    for b in PARTS.values():  # warm-up: jax's own first-use costs
+        bench_compile.compile_once(b, params, batch)
+    for _ in range(reps):
+        for name, b in PARTS.items():
+            times[name].append(sum(bench_compile.compile_once(b, params, batch)))
+    base = times["plain step"]
+    return {
+        k: (statistics.median(v), statistics.median(a / b for a, b in zip(v, base, strict=True)))
+        for k, v in times.items()
+    }
+
+
+def conditional_cost(reps: int = 9) -> dict[str, float]:
+    """Median XLA compile seconds of a small function, bare or with one
+    conditional (a real branch or a host callback) or one callback."""
+    x = jnp.ones((bench_compile.LEAF,), jnp.float32)
+
+    def body(x, variant):
+        found = jnp.any(x > 3)  # known only at run time
+        if variant == "lax.cond, a scalar branch":
+            found = jax.lax.cond(found, lambda: jnp.sum(x) > 1, lambda: jnp.bool_(False))
+        elif variant == "jax.debug.callback, every step":
+            jax.debug.callback(lambda f: None, found)
+        elif variant == "lax.cond around jax.debug.callback":
+            jax.lax.cond(found, lambda: jax.debug.callback(lambda f: None, found), lambda: None)
+        return x * 2, found
+
+    variants = [
+        "none",
+        "lax.cond, a scalar branch",
+        "jax.debug.callback, every step",
+        "lax.cond around jax.debug.callback",
+    ]
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in range(reps + 1):
+        for v in variants:
+            lowered = jax.jit(lambda x, v=v: body(x, v)).lower(x)
+            t0 = time.perf_counter()
+            lowered.compile()
+            times[v].append(time.perf_counter() - t0)
+    return {k: statistics.median(v[1:]) for k, v in times.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--leaves", type=int, nargs="+", default=[10, 100])
@@ -174,6 +272,21 @@ def main(argv: list[str] | None = None) -> None:
     costs = skip_cost(n)
     for name, secs in costs.items():
         print(f"| {name} | {secs:.3f} | {secs / costs['none']:.2f} |")
+    if why is not None:
+        return
+    n = min(args.leaves)
+    print(f"\n#### loss_scaled's parts, one added after another, {n} leaves\n")
+    print("Fresh trace+lower+compile, interleaved; ratio paired per repetition.\n")
+    print("| step | compile (s) | ratio to plain |")
+    print("|---|---:|---:|")
+    for name, (secs, ratio) in parts_cost(n).items():
+        print(f"| {name} | {secs:.3f} | {ratio:.2f} |", flush=True)
+    print("\n#### one conditional (XLA compile of a 16-float function)\n")
+    print("| added | compile (s) | added (ms) |")
+    print("|---|---:|---:|")
+    cond = conditional_cost()
+    for name, secs in cond.items():
+        print(f"| {name} | {secs:.4f} | {(secs - cond['none']) * 1e3:.1f} |")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,20 @@ def _run_all():
     return run_all
 
 
+def _run_json(argv: list[str]) -> list[_harness.Table]:
+    """Run one bench script with --json; its tables."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        proc = subprocess.run(
+            [sys.executable, *argv, "--json", str(out)], capture_output=True, text=True, timeout=900
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        with open(out) as f:
+            return [_harness.Table.from_json(t) for t in json.load(f)["tables"]]
+
+
 def _ours_expected() -> bool:
     return _steps.ours_available() is None
 
@@ -131,6 +145,10 @@ def test_compile_time_growth(suite):
     assert [(t.workload, t.title) for t in ts] == [
         ("3. Compile time", "training step, 2 parameter leaves"),
         ("3. Compile time", "training step, 4 parameter leaves"),
+    ]
+    dense = _run_json([str(BENCH / "bench_compile.py"), "--tiny", "--models", "dense"])
+    ts += _tables(dense, "3.")
+    assert [(t.workload, t.title) for t in ts[2:]] == [
         ("3. Compile time, dense layers", "MLP training step, 2 parameter leaves"),
         ("3. Compile time, dense layers", "MLP training step, 4 parameter leaves"),
     ]
@@ -248,12 +266,44 @@ def test_probe_hlo_counts_every_candidate():
             kernels, reductions, operands, lines = (int(c) for c in r.split(" | ")[1:5])
             assert kernels > 0 and operands > 0 and lines > 0 and reductions >= 0
     assert "per-leaf kernels alone" in proc.stdout
-    skip_rows = proc.stdout.split("an exact skip in a plain momentum step")[1].splitlines()
+    skip_rows = (
+        proc.stdout.split("an exact skip in a plain momentum step")[1].split("####")[0].splitlines()
+    )
     assert [r.split(" | ")[0][2:] for r in skip_rows if r.startswith("| ")][1:] == [
         "none",
         "select",
         "bit blend",
     ]
+    cond_rows = proc.stdout.split("#### one conditional")[-1].splitlines()
+    assert [r.split(" | ")[0][2:] for r in cond_rows if r.startswith("| ")][1:] == [
+        "none",
+        "lax.cond, a scalar branch",
+        "jax.debug.callback, every step",
+        "lax.cond around jax.debug.callback",
+    ]
+    if _ours_expected():
+        parts = proc.stdout.split("loss_scaled's parts, one added after another, 2 leaves")[1]
+        rows = [r for r in parts.split("####")[0].splitlines() if r.startswith("| ")]
+        import probe_hlo
+
+        assert [r.split(" | ")[0][2:] for r in rows[1:]] == list(probe_hlo.PARTS)
+
+
+def test_probe_hlo_parts_add_what_they_name():
+    """Each step of the probe's ablation holds what its row says it adds."""
+    pytest.importorskip("jax_amp_scale")
+    if not _ours_expected():
+        pytest.skip("no native module")
+    import probe_hlo
+
+    hlo = {name: probe_hlo.compile_step(b, 3)[0] for name, b in probe_hlo.PARTS.items()}
+    plain, unscale, counters, skip, default = hlo.values()
+    assert "custom_call_target" not in plain
+    assert "jas_unscale_and_check" in unscale and "jas_update_scale" not in unscale
+    assert "jas_update_scale" in counters and " conditional(" not in counters
+    assert skip.count(" select(") >= counters.count(" select(") + 3
+    assert " conditional(" not in skip
+    assert " conditional(" in default and "callback" in default
 
 
 def test_probe_hlo_skips_are_exact():
