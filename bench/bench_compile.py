@@ -259,8 +259,8 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         nargs="+",
         choices=list(MODELS),
         default=["tree"],
-        help="which models (default tree; the dense model's 1,000-leaf peers ran this "
-        "23 GB machine out of memory inside run_all, so it is run on its own)",
+        help="which models (default tree; run dense on its own with --budget-s 20: "
+        "inside run_all with a 60 s budget it was killed for memory on a 23 GB machine)",
     )
     p.add_argument(
         "--leaves",
