@@ -39,8 +39,9 @@ def plain(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
     return (params, opt.init(params)), step
 
 
-def ours(backend: str) -> Builder:
-    """`jax_amp_scale.optax.loss_scaled` with `backend`, skipping overflowed steps."""
+def ours(backend: str, **options: Any) -> Builder:
+    """`jax_amp_scale.optax.loss_scaled` with `backend`, skipping overflowed
+    steps; `options` (other `loss_scaled` arguments) override that."""
 
     def build(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
         import jax_amp_scale as jas
@@ -49,8 +50,7 @@ def ours(backend: str) -> Builder:
         tx = jas_optax.loss_scaled(
             opt,
             scale=jas.init_scale_state(INIT_SCALE),
-            drop_overflow_update=True,
-            backend=backend,
+            **{"drop_overflow_update": True, "backend": backend, **options},
         )
 
         def step(carry, batch):

@@ -136,26 +136,6 @@ def skip_cost(n: int, reps: int = 5) -> dict[str, float]:
     return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
 
 
-def loss_scaled_builder(**kwargs) -> _steps.Builder:
-    """The workload-3 step with `loss_scaled(**kwargs)` (as `_steps.ours`)."""
-
-    def build(loss_fn, params, opt):
-        import jax_amp_scale as jas
-        from jax_amp_scale import optax as jas_optax
-
-        tx = jas_optax.loss_scaled(opt, scale=jas.init_scale_state(_steps.INIT_SCALE), **kwargs)
-
-        def step(carry, batch):
-            params, opt_state = carry
-            grads = jax.grad(lambda p: jas.scale_loss(loss_fn(p, batch), opt_state))(params)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
-
-        return (params, tx.init(params)), step
-
-    return build
-
-
 def unscale_only(loss_fn, params, opt):
     """The plain step with the fused pass added, nothing else of loss_scaled."""
     import jax_amp_scale as jas
@@ -173,13 +153,11 @@ def unscale_only(loss_fn, params, opt):
 PARTS = {
     "plain step": _steps.plain,
     "+ unscale_and_check (fused pass)": unscale_only,
-    "+ update_scale and the state's counters": loss_scaled_builder(
-        drop_overflow_update=False, overflow_callbacks=False
+    "+ update_scale and the state's counters": _steps.ours(
+        "auto", drop_overflow_update=False, overflow_callbacks=False
     ),
-    "+ the skip (a select per leaf)": loss_scaled_builder(
-        drop_overflow_update=True, overflow_callbacks=False
-    ),
-    "+ the overflow report (loss_scaled's default)": loss_scaled_builder(),
+    "+ the skip (a select per leaf)": _steps.ours("auto", overflow_callbacks=False),
+    "+ the overflow report (loss_scaled's default)": _steps.ours("auto"),
 }
 
 

@@ -167,6 +167,8 @@ def test_dense_model_is_what_it_says():
     import bench_compile
     import jax
 
+    assert bench_compile.MODELS["dense"].leaf_counts == (10, 100, 1000)
+    assert bench_compile.MODELS["tree"].leaf_counts == (10, 100, 1000, 10_000)
     params = bench_compile.make_dense_params(10)
     assert len(jax.tree.leaves(params)) == 10
     assert {jax.typeof(x).shape for x in jax.tree.leaves(params)} == {(32,), (32, 32)}
