@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_amp_scale.state.validation import Backend, check_bool
-from jax_amp_scale.training import helpers
+from jax_amp_scale.training import helpers, replicas
 from jax_amp_scale.training.policy import Policy
 
 PyTree = Any
@@ -136,7 +136,7 @@ class Trainer:
 
         grads, (loss, aux) = jax.grad(scaled, has_aux=True)(params)
         if self.axis_name is not None:
-            grads = jax.lax.pmean(grads, self.axis_name)
+            grads = replicas.mean_gradients(grads, self.axis_name)
             loss = jax.lax.pmean(loss, self.axis_name)
         scale_used = helpers.scale_value(state)
         updates, new_state = self.tx.update(grads, state, params)
