@@ -95,8 +95,8 @@ def test_newer_layout_registers_once_and_marks_the_platform(fake_plugin):
     # the fused gradient pass too).
     got = sorted(tuple(line.split()[:4]) for line in out["log"])
     assert got == [
-        ("typed", "jas_unscale_and_check", "ascend", "-1"),
-        ("typed", "jas_update_scale", "ascend", "-1"),
+        ("typed", "jas_unscale_and_check_v1", "ascend", "-1"),
+        ("typed", "jas_update_scale_v2", "ascend", "-1"),
     ]
 
 
@@ -105,8 +105,8 @@ def test_older_layout_with_api_version_is_detected(fake_plugin):
     assert out["route"] == "pjrt-versioned"
     got = sorted(tuple(line.split()[:4]) for line in out["log"])
     assert got == [
-        ("versioned", "jas_unscale_and_check", "ascend", "1"),
-        ("versioned", "jas_update_scale", "ascend", "1"),
+        ("versioned", "jas_unscale_and_check_v1", "ascend", "1"),
+        ("versioned", "jas_update_scale_v2", "ascend", "1"),
     ]
 
 
@@ -226,7 +226,7 @@ out["again"] = plugin.register(platform="ascend", library_path=path, unchecked_l
 out["platforms"] = sorted(native.platforms('update_scale'))
 try:
     plugin.register(platform="ascend", library_path=path, unchecked_library=True,
-                    handler=_native_cpu.registrations()["jas_update_scale"])
+                    handler=_native_cpu.registrations()["jas_update_scale_v2"])
 except plugin.PluginRegistrationError as e:
     out["conflict"] = str(e)
 # The plugin JAX itself loaded (JAX_PLATFORMS=cpu keeps it from initialising
@@ -238,12 +238,12 @@ out["jax_loaded_same_api"] = (
 )
 out["loaded_route"] = plugin.register(
     platform="cuda", registry_platform="ascend_via_cuda_test",
-    handler=_native_cpu.registrations()["jas_update_scale"])
+    handler=_native_cpu.registrations()["jas_update_scale_v2"])
 # The same library by path, for the platform JAX loaded it for: accepted
 # (its GetPjrtApi() is the API JAX holds).
 out["by_path_route"] = plugin.register(
     platform="cuda", library_path=path, registry_platform="cuda_by_path_test",
-    handler=_native_cpu.registrations()["jas_update_scale"])
+    handler=_native_cpu.registrations()["jas_update_scale_v2"])
 out["routes"] = plugin.registrations()
 print(json.dumps(out))
 """
@@ -257,7 +257,7 @@ def test_real_cuda_pjrt_plugin_registration():
     assert out["route"] == "pjrt" and out["again"] == "pjrt"
     assert "ascend" in out["platforms"]
     assert "conflicting registration" in out["conflict"]
-    assert "'jas_update_scale'" in out["conflict"] and "'ascend'" in out["conflict"]
+    assert "'jas_update_scale_v2'" in out["conflict"] and "'ascend'" in out["conflict"]
     assert out["jax_loaded_same_api"] is True
     assert out["loaded_route"] == "pjrt" and out["by_path_route"] == "pjrt"
     assert out["routes"] == {"ascend": "pjrt", "cuda": "pjrt"}
@@ -315,7 +315,7 @@ def test_jax_ffi_route_when_the_plugin_python_side_forwards():
     )
     assert out["route"] == "jax.ffi" and out["again"] == "jax.ffi"
     # once each: registration is idempotent
-    assert out["seen"] == ["jas_unscale_and_check", "jas_update_scale"]
+    assert out["seen"] == ["jas_unscale_and_check_v1", "jas_update_scale_v2"]
     assert "forwarding_test" in out["platforms"]
 
 

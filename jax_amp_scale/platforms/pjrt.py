@@ -162,8 +162,8 @@ def register(
       handler: an XLA FFI handler capsule (default: the Ascend handler, or the
         CUDA one for cuda).
       target: the custom-call target name (default: the update-scale
-        target, ``"jas_update_scale"``; on Ascend, with the default handler,
-        the fused gradient pass ``"jas_unscale_and_check"`` is registered
+        target, ``"jas_update_scale_v2"``; on Ascend, with the default handler,
+        the fused gradient pass ``"jas_unscale_and_check_v1"`` is registered
         too).
       unchecked_library: skip the check that `library_path` is the plugin
         JAX loaded for `platform`.  For test doubles (a fake PJRT library, a

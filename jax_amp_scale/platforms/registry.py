@@ -47,7 +47,7 @@ def set_target_names(names: dict[str, str]) -> None:
 
 
 def target(op: str) -> str:
-    """The FFI target name of `op` (e.g. ``"jas_update_scale"``)."""
+    """The FFI target name of `op` (e.g. ``"jas_update_scale_v2"``)."""
     with _lock:
         return _targets[op]
 
