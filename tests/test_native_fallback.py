@@ -104,8 +104,7 @@ def test_disable_switch_uses_the_reference_silently():
     assert "JAX_AMP_SCALE_DISABLE_NATIVE" in r["load_errors"]["cpu"]
 
 
-@pytest.mark.parametrize("value", ["", "0"])
-def test_switch_off_keeps_the_native_path(value):
+def test_switch_off_keeps_the_native_path():
     from jax_amp_scale.platforms import native
 
     if "cpu" not in native.platforms("update_scale"):
@@ -116,7 +115,7 @@ def test_switch_off_keeps_the_native_path(value):
             "-c",
             "import jax_amp_scale as jas; print(jas.auto_backend('cpu'))",
         ],
-        env={**os.environ, "JAX_PLATFORMS": "cpu", "JAX_AMP_SCALE_DISABLE_NATIVE": value},
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "JAX_AMP_SCALE_DISABLE_NATIVE": "0"},
         capture_output=True,
         text=True,
         timeout=300,
