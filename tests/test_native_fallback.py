@@ -51,10 +51,12 @@ with warnings.catch_warnings(record=True) as caught:
         ffi = "ran"
     except Exception as e:
         ffi = f"{type(e).__name__}: {e}"
-warned = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+warned = [w for w in caught if issubclass(w.category, RuntimeWarning)]
+warned = [w for w in warned if "jax_amp_scale" in str(w.message)]
 print(json.dumps({
     "imported": imported,
-    "warned": [w for w in warned if "jax_amp_scale" in w],
+    "warned": [str(w.message) for w in warned],
+    "warned_at": [w.filename for w in warned],
     "backends": jas.available_backends("cpu"),
     "auto": jas.auto_backend("cpu"),
     "scales": out,
@@ -90,6 +92,7 @@ def test_missing_module_warns_once_and_the_reference_serves():
     r = _run(_BLOCK)
     _common(r)
     (message,) = r["warned"]  # one warning, at first use, naming what is missing
+    assert r["warned_at"] == ["<string>"]  # pointing at the user's code
     assert "jax_amp_scale._native_cpu could not be loaded" in message
     assert "hidden by the test" in message  # the import error itself
     assert 'backend="auto"' in message and "JAX_AMP_SCALE_DISABLE_NATIVE=1" in message

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import threading
 import warnings
 from types import ModuleType
@@ -58,6 +59,16 @@ def native_disabled() -> bool:
 
 # Why the compiled modules are not in use (None while they are).
 _unavailable: str | None = None
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _caller_stacklevel() -> int:
+    """The `warnings.warn` stacklevel of the first frame outside this package and JAX."""
+    inside = (_PACKAGE_DIR + os.sep, os.path.dirname(os.path.abspath(jax.__file__)) + os.sep)
+    frame, level = sys._getframe(1), 1  # the caller of this function: where warn is called
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _load_builtins() -> None:
@@ -81,7 +92,7 @@ def _load_builtins() -> None:
             "for this platform, or build from source (a C++17 compiler and CMake); set "
             f"{DISABLE_ENV}=1 to use the reference without this warning.",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=_caller_stacklevel(),
         )
         return
     register_module(cpu, "cpu")
