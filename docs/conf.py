@@ -59,7 +59,7 @@ myst_heading_anchors = 3
 autodoc_default_options = {"members": True, "member-order": "bysource"}
 autodoc_typehints = "description"
 autodoc_typehints_format = "short"
-autodoc_preserve_defaults = True
+autodoc_preserve_defaults = False  # show the values (65536.0), not DEFAULT_INIT_SCALE
 autodoc_class_signature = "separated"
 autosummary_generate = False
 napoleon_google_docstring = True
@@ -78,5 +78,3 @@ html_theme_options = {
     "source_repository": "",
     "navigation_with_keys": True,
 }
-pygments_style = "sphinx"
-pygments_dark_style = "monokai"
