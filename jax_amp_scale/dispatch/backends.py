@@ -23,8 +23,6 @@ from typing import Any, NamedTuple
 
 import jax
 
-from jax_amp_scale.lowering.custom_call import explicitly_sharded
-from jax_amp_scale.lowering.partitioning import batch_partitionable
 from jax_amp_scale.platforms import native, registry
 
 UPDATE_SCALE = registry.UPDATE_SCALE
@@ -187,16 +185,10 @@ def plan(op: str, backend: str, operands: list[Any], attrs: dict[str, Any] | Non
         ):
             have = have - cann
     target = _target(op)
-    if op == UPDATE_SCALE:
-        # A vmapped population sharded on its batch axis is updated where it
-        # lies; a replicated state runs on each device as it is.
-        batch_partitionable(target)
     if backend == "ffi":
         return Plan("strict", have, target, cann)
     prefer = frozenset(p for p in have if _auto_prefers(op, p))
-    # An explicitly sharded state: the update-scale call's results would
-    # not carry the sharding in their type (the gradient pass's do).
-    if not prefer or (op == UPDATE_SCALE and any(explicitly_sharded(x) for x in operands)):
+    if not prefer:
         return Plan("reference", frozenset())
     return Plan("native", prefer, target, cann)
 

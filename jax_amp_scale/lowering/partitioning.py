@@ -14,10 +14,15 @@ mechanisms tell it better:
   leaf once, so any dimension may stay sharded), auto and explicit axes
   alike; where the operands' shardings are not known until XLA partitions
   the program (auto axes), shard_map could not be used.
-- `batch_partitionable`: the update-scale target registered with
-  `jax.ffi.register_ffi_target_as_batch_partitionable`, so a vmapped
-  population of states sharded on its batch axis is updated where it lies;
-  a replicated state needs nothing (each device runs the call locally).
+- `per_element`: the update-scale call, whose operands and results share
+  one shape and whose elements (a vmapped population's members) are
+  independent, wrapped the same way with every operand and result sharded
+  like the scale: a population sharded on its batch axis is updated where
+  it lies, a replicated state on each device, with no collective.
+  (`jax.ffi.register_ffi_target_as_batch_partitionable` would need the
+  custom call to carry XLA's ``num_batch_dims`` attribute, which
+  `jax.ffi.ffi_call` does not emit.)  Under ``vmap`` the batched call is
+  wrapped again (`jax.custom_batching.custom_vmap`).
 
 In a process with one device the pass is the plain custom call (nothing to
 partition; the program stays exportable, as custom_partitioning's callback
@@ -36,16 +41,6 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
 Pass = Callable[[jax.Array, list[jax.Array]], tuple[jax.Array, list[jax.Array]]]
-
-_batch_partitionable: set[str] = set()
-
-
-def batch_partitionable(target: str) -> None:
-    """Registers FFI `target` as partitionable on its leading (vmap) axis (once)."""
-    if target in _batch_partitionable:
-        return
-    jax.ffi.register_ffi_target_as_batch_partitionable(target)
-    _batch_partitionable.add(target)
 
 
 def _explicit_spec(x: Any) -> Any:
@@ -140,8 +135,69 @@ def elementwise_pass(run: Pass) -> Pass:
 
     def partitioned(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
         if jax.device_count() == 1:
-            return run(inv, leaves)
+            found, outs = run(inv, leaves)
+            return found, [_typed_like(y, x) for y, x in zip(outs, leaves, strict=True)]
         found, *outs = _partitioned(run, tuple(x.ndim for x in leaves))(inv, *leaves)
         return found, list(outs)
 
     return partitioned
+
+
+def _elementwise_rule(ndim: int, n_in: int, n_out: int) -> str:
+    value = " ".join(f"d{d}" for d in range(ndim))
+    return ", ".join([value] * n_in) + " -> " + ", ".join([value] * n_out)
+
+
+def _per_element_partitioned(fn: Callable[..., Any], *args: jax.Array) -> Any:
+    shape = args[0].shape
+    if jax.device_count() == 1 or any(a.shape != shape for a in args):
+        return tuple(_typed_like(y, args[0]) for y in fn(*args))
+    n_out = len(jax.eval_shape(fn, *args))
+
+    @custom_partitioning
+    def call(*xs: jax.Array) -> tuple[jax.Array, ...]:
+        return tuple(_typed_like(y, xs[0]) for y in fn(*xs))
+
+    def sharding(arg_shapes: Any) -> Any:
+        s = arg_shapes[0].sharding
+        if not isinstance(s, NamedSharding) and not s.is_fully_replicated:
+            raise NotImplementedError(
+                "update_scale: the native call partitions a state sharded with a "
+                f"NamedSharding; got {s!r}: use a NamedSharding or backend='reference'"
+            )
+        return s
+
+    def partition(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
+        s = sharding(arg_shapes)
+        return mesh, fn, (s,) * n_out, (s,) * len(arg_shapes)
+
+    def infer(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
+        return (sharding(arg_shapes),) * n_out
+
+    call.def_partition(
+        partition=partition,
+        infer_sharding_from_operands=infer,
+        sharding_rule=_elementwise_rule(len(shape), len(args), n_out),
+    )
+    return call(*args)
+
+
+def per_element(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` (arrays of one shape -> a tuple of arrays of that shape, each
+    element computed from the same element of the operands alone) run on each
+    device's shard, every operand and result sharded like the first."""
+
+    @jax.custom_batching.custom_vmap
+    def call(*args: jax.Array) -> Any:
+        return _per_element_partitioned(fn, *args)
+
+    @call.def_vmap
+    def _batched(axis_size: int, in_batched: Any, *args: jax.Array) -> Any:
+        full = [
+            a if b else jnp.broadcast_to(a, (axis_size, *a.shape))
+            for a, b in zip(args, in_batched, strict=True)
+        ]
+        out = call(*full)
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    return call  # type: ignore[no-any-return]
