@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import jax
 
+from jax_amp_scale.lowering import partitioning
 from jax_amp_scale.platforms import native, registry
 
 UPDATE_SCALE = registry.UPDATE_SCALE
@@ -185,10 +186,17 @@ def plan(op: str, backend: str, operands: list[Any], attrs: dict[str, Any] | Non
         ):
             have = have - cann
     target = _target(op)
+    partitions = partitioning.partitions(operands)
     if backend == "ffi":
+        if not partitions and op == UNSCALE_AND_CHECK:
+            raise ValueError(
+                "unscale_and_check: backend='ffi' cannot take explicitly sharded leaves "
+                "on jax < 0.7 (its collective does not lower there); use backend='auto' "
+                "or 'reference', jax >= 0.7, or call it inside shard_map"
+            )
         return Plan("strict", have, target, cann)
     prefer = frozenset(p for p in have if _auto_prefers(op, p))
-    if not prefer:
+    if not prefer or not partitions:
         return Plan("reference", frozenset())
     return Plan("native", prefer, target, cann)
 

@@ -37,10 +37,23 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 Pass = Callable[[jax.Array, list[jax.Array]], tuple[jax.Array, list[jax.Array]]]
+
+
+# jax < 0.7 (explicit axes experimental) lowers the flag's all-reduce inside
+# the partitioned call with sharding constraints XLA cannot translate when a
+# mesh with explicit axes is set while compiling.
+_EXPLICIT_OK = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 7)
+
+
+def partitions(operands: Sequence[Any]) -> bool:
+    """Whether the native calls partition these operands on this jax (all
+    do, except explicitly sharded ones on jax < 0.7)."""
+    return _EXPLICIT_OK or not any(_explicit_spec(x) is not None for x in operands)
 
 
 def _explicit_spec(x: Any) -> Any:
@@ -60,6 +73,21 @@ def _typed_like(y: jax.Array, x: jax.Array) -> jax.Array:
     from jax.experimental.shard import reshard  # jax < 0.7
 
     return reshard(y, spec)
+
+
+def _operand_sharding(mesh: Any, arg_shape: Any) -> Any:
+    """The sharding XLA gives an operand (None on older jax for an
+    unannotated one: replicated)."""
+    s = arg_shape.sharding
+    if s is None:
+        return NamedSharding(mesh, PartitionSpec())
+    return s
+
+
+def _replicated_like(sharding: Any) -> NamedSharding:
+    """A replicated sharding over `sharding`'s devices."""
+    devices = sorted(sharding.device_set, key=lambda d: d.id)
+    return NamedSharding(Mesh(np.array(devices), ("replicas",)), PartitionSpec())
 
 
 def _spec_axes(sharding: Any) -> list[Hashable]:
@@ -85,18 +113,14 @@ def _partitioned(run: Pass, ranks: tuple[int, ...]) -> Any:
         return (found, *(_typed_like(y, x) for y, x in zip(outs, leaves, strict=True)))
 
     def shardings(mesh: Any, arg_shapes: Any) -> tuple[Any, list[Any], list[Hashable]]:
-        leaf_shardings = [a.sharding for a in arg_shapes[1:]]
+        leaf_shardings = [_operand_sharding(mesh, a) for a in arg_shapes[1:]]
         if not all(isinstance(s, NamedSharding) for s in leaf_shardings):
             # Shardings without mesh axis names (a program without a mesh):
-            # replicated leaves run as they are; sharded ones have no axis
-            # to reduce the flag over.
-            if all(s.is_fully_replicated for s in leaf_shardings):
-                return leaf_shardings[0], leaf_shardings, []
-            raise NotImplementedError(
-                "unscale_and_check: the native pass partitions leaves sharded "
-                "with a NamedSharding (mesh axes to reduce the flag over); "
-                f"got {leaf_shardings[0]!r}: use a NamedSharding or backend='reference'"
-            )
+            # no axis to reduce the flag over, so every operand replicated
+            # (correct, but gathers).  An exception here would abort the
+            # process (XLA calls this while compiling), so none is raised.
+            rep = _replicated_like(leaf_shardings[0])
+            return rep, [rep] * len(leaf_shardings), []
         rep = NamedSharding(mesh, PartitionSpec())
         axes = sorted({a for s in leaf_shardings for a in _spec_axes(s)}, key=str)
         return rep, leaf_shardings, axes
@@ -158,21 +182,18 @@ def _per_element_partitioned(fn: Callable[..., Any], *args: jax.Array) -> Any:
     def call(*xs: jax.Array) -> tuple[jax.Array, ...]:
         return tuple(_typed_like(y, xs[0]) for y in fn(*xs))
 
-    def sharding(arg_shapes: Any) -> Any:
-        s = arg_shapes[0].sharding
-        if not isinstance(s, NamedSharding) and not s.is_fully_replicated:
-            raise NotImplementedError(
-                "update_scale: the native call partitions a state sharded with a "
-                f"NamedSharding; got {s!r}: use a NamedSharding or backend='reference'"
-            )
-        return s
+    def sharding(mesh: Any, arg_shapes: Any) -> Any:
+        s = _operand_sharding(mesh, arg_shapes[0])
+        # Unnamed (no mesh) and sharded: replicate rather than raise, which
+        # would abort the process inside XLA's compiler.
+        return s if isinstance(s, NamedSharding) else _replicated_like(s)
 
     def partition(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
-        s = sharding(arg_shapes)
+        s = sharding(mesh, arg_shapes)
         return mesh, fn, (s,) * n_out, (s,) * len(arg_shapes)
 
     def infer(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
-        return (sharding(arg_shapes),) * n_out
+        return (sharding(mesh, arg_shapes),) * n_out
 
     call.def_partition(
         partition=partition,

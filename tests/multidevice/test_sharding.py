@@ -304,7 +304,10 @@ def _assert_decision_only(extra, layout, native=False):
     fully_sharded and fsdp_tp: at most one per leaf per sharded axis)."""
     assert all(_is_scalar_all_reduce(c) for c in extra), extra
     if native:
-        assert len(extra) == NATIVE_DECISION_REDUCTIONS[layout], extra
+        # jax < 0.7's GSPMD may place the pass after the gradients' own
+        # all-reduce, on replicated gradients: then no reduction is needed.
+        want = NATIVE_DECISION_REDUCTIONS[layout]
+        assert len(extra) == want or (BEFORE_0_7 and len(extra) < want), extra
         return
     want = DECISION_REDUCTIONS[layout]
     if BEFORE_0_7:
@@ -339,7 +342,8 @@ def test_decision_compiles_to_one_scalar_reduction(layout, backend, mode, apply)
         )
         found = _collectives(lambda s, p, g: apply(s, p, g, backend), *args)
     # The library's unscale_and_check takes "auto": the native pass on CPU.
-    _assert_decision_only(found, layout, native=apply is _apply_library)
+    native = apply is _apply_library and (mode == AxisType.Auto or not BEFORE_0_7)
+    _assert_decision_only(found, layout, native=native)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -409,7 +413,8 @@ def test_loss_scaled_under_sharding(layout, backend, mode):
         extra = list(_collectives(scaled, params, opt_state, x, y))
         for c in _collectives(plain, params, inner.init(params), x, y):
             extra.remove(c)
-    _assert_decision_only(extra, layout, native=backend == "ffi")
+    native = backend == "ffi" and (mode == AxisType.Auto or not BEFORE_0_7)
+    _assert_decision_only(extra, layout, native=native)
     # The overflow step is skipped on every device; the next one is not.
     for name, spec in specs.items():
         _assert_sharded_as(bad_params[name], mesh, spec)
