@@ -43,10 +43,10 @@ def test_quick_start_loss_scaled():
     exec(_block("tx = loss_scaled(optax.adamw(1e-3))"), ns)
     params, opt_state = ns["params"], ns["opt_state"]
     p1, s1 = ns["step"](params, opt_state, ns["batch"])
-    assert float(s1.loss_scale) == 2.0**16 and not bool(s1.found_inf)
+    assert float(s1.scale) == 2.0**16 and not bool(s1.found_inf)
     assert not np.array_equal(np.asarray(p1["w"]), np.asarray(params["w"]))
     p2, s2 = ns["step"](p1, s1, _poisoned(ns["batch"]))
-    assert float(s2.loss_scale) == 2.0**15 and bool(s2.found_inf)
+    assert float(s2.scale) == 2.0**15 and bool(s2.found_inf)
     np.testing.assert_array_equal(np.asarray(p2["w"]), np.asarray(p1["w"]))
 
 
@@ -59,7 +59,7 @@ def test_trainer_example():
     assert float(metrics["scale"]) == 2.0**16 and np.isfinite(float(metrics["loss"]))
     for _ in range(3):
         used, skipped = float(metrics["scale"]), bool(metrics["skipped"])
-        assert float(state.loss_scale) == (used / 2 if skipped else used)
+        assert float(state.scale) == (used / 2 if skipped else used)
         before = params
         params, state, metrics = ns["step"](params, state, ns["batch"], ns["loss_fn"])
         changed = not np.array_equal(np.asarray(params["w"]), np.asarray(before["w"]))
