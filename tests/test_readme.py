@@ -66,6 +66,34 @@ def test_trainer_example():
         assert changed != bool(metrics["skipped"])
 
 
+def test_pieces_example():
+    """The composable pieces: accumulation outside, clipping inside loss_scaled."""
+    import jax
+    import optax
+
+    import jax_amp_scale as jas
+    from jax_amp_scale.optax import ClipGradNormState, get_loss_scaled_state
+
+    ns = _reader_namespace()
+    exec(_block("tx = accumulate_gradients("), ns)
+    tx, params, opt_state, batch = ns["tx"], ns["params"], ns["opt_state"], ns["batch"]
+
+    @jax.jit
+    def micro(params, opt_state, batch):
+        grads = jax.grad(lambda p: jas.scale_loss(ns["loss_fn"](p, batch), opt_state))(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    for _ in range(3):
+        p, opt_state = micro(params, opt_state, batch)
+        np.testing.assert_array_equal(np.asarray(p["w"]), np.asarray(params["w"]))
+    p, opt_state = micro(params, opt_state, batch)  # the 4th call steps
+    assert not np.array_equal(np.asarray(p["w"]), np.asarray(params["w"]))
+    ls = get_loss_scaled_state(opt_state)
+    assert int(ls.total_steps) == 1 and int(ls.skipped_steps) == 0
+    assert float(ls.inner_state[0].norm) > 0 and isinstance(ls.inner_state[0], ClipGradNormState)
+
+
 def test_operator_example():
     ns = {
         "current_scale": jnp.float32(1024.0),
