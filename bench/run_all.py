@@ -213,7 +213,20 @@ def plot(tables: list[_harness.Table], path: Path) -> None:
     for t in tables:
         by.setdefault(t.workload, []).append(t)
     panels = [w for w in by if by[w]]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 3.2 * len(panels)), squeeze=False)
+
+    def rows(w: str) -> int:
+        if w.startswith("3. Compile time"):
+            return 8
+        return len({r.name for t in by[w] for r in t.rows if r.name != t.baseline})
+
+    heights = [max(2.4, 0.3 * rows(w) + 1.0) for w in panels]
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        figsize=(10, sum(heights)),
+        squeeze=False,
+        gridspec_kw={"height_ratios": heights},
+    )
     for ax, w in zip(axes[:, 0], panels, strict=True):
         ts = by[w]
         if w.startswith("3. Compile time"):
@@ -232,27 +245,35 @@ def plot(tables: list[_harness.Table], path: Path) -> None:
             ax.set_ylabel("trace+compile (s)")
             ax.legend(fontsize=7)
         else:
-            labels, values = [], []
+            # One row per candidate, one bar per table (colour, in the
+            # legend): a candidate's label is written once, however many
+            # sizes and dtypes the workload measured.
+            names: list[str] = []
             for t in ts:
                 for r in t.rows:
-                    if r.ratio is None or r.name == t.baseline:
-                        continue
-                    short = t.title if len(ts) > 1 else ""
-                    labels.append(f"{r.name}\n{short}"[:90] if short else r.name)
-                    values.append(r.ratio)
-            y = range(len(values))
-            ax.barh(list(y), values, color="tab:blue")
-            ax.set_yticks(list(y))
-            ax.set_yticklabels(labels, fontsize=6)
+                    if r.ratio is not None and r.name != t.baseline and r.name not in names:
+                        names.append(r.name)
+            ratios = [{r.name: r.ratio for r in t.rows if r.ratio is not None} for t in ts]
+            bars: list[list[tuple[float, float, float]]] = [[] for _ in ts]
+            for i, n in enumerate(names):
+                have = [k for k in range(len(ts)) if n in ratios[k]]
+                h = 0.8 / len(have)
+                for j, k in enumerate(have):
+                    bars[k].append((i + (j - (len(have) - 1) / 2) * h, ratios[k][n], h))
+            for k, t in enumerate(ts):
+                if bars[k]:
+                    ys, xs, hs = zip(*bars[k], strict=True)
+                    ax.barh(ys, xs, height=hs, label=t.title[:70], color=f"C{k}")
+            ax.set_yticks(range(len(names)))
+            ax.set_yticklabels([n if len(n) <= 60 else n[:57] + "..." for n in names], fontsize=7)
+            ax.set_ylim(len(names) - 0.5, -0.5)
             ax.axvline(1.0, color="k", lw=0.8)
             if w == "1. Step overhead":
                 ax.axvline(1.03, color="tab:red", lw=0.8, ls="--", label="target 1.03")
-                ax.legend(fontsize=7)
             if w.startswith("2. One pass") and "torch" not in w:
                 ax.axvline(1.25, color="tab:red", lw=0.8, ls="--", label="80% of copy")
-                ax.legend(fontsize=7)
+            ax.legend(fontsize=6, loc="best")
             ax.set_xlabel("time ratio to the table's baseline (lower is faster)")
-            ax.invert_yaxis()
         ax.set_title(w, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

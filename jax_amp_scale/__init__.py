@@ -8,6 +8,7 @@ checkpoint interop in `jax_amp_scale.interop`; plugin registration in
 """
 
 from jax_amp_scale._deprecated import getattr_with_aliases as _getattr_with_aliases
+from jax_amp_scale._version import __version__ as __version__
 from jax_amp_scale.dispatch.backends import auto_backend, available_backends
 from jax_amp_scale.ops.update_scale import amp_update_scale, update_scale
 from jax_amp_scale.state.scale_state import ScaleState, init_scale_state
@@ -32,8 +33,6 @@ from jax_amp_scale.training.scalers import (
     no_op_scaler,
     static_scaler,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "DynamicScaler",

@@ -1,0 +1,80 @@
+"""Sphinx configuration for jax-amp-scale's documentation.
+
+Build (warnings are errors, as in CI)::
+
+    python -m sphinx -W --keep-going -b html docs docs/_build/html
+
+The pages' ```python blocks run as tests: ``python -m pytest tests/test_docs.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "_ext"))
+
+# autodoc imports the package; keep JAX on the host CPU and quiet.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from public_api_coverage import PUBLIC_API_MODULES  # noqa: E402
+
+import jax_amp_scale  # noqa: E402
+
+project = "jax-amp-scale"
+author = "The jax-amp-scale authors"
+copyright = "2026, the jax-amp-scale authors"
+release = version = jax_amp_scale.__version__
+
+extensions = [
+    "myst_parser",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.viewcode",
+    "docstring_style",
+    "public_api_coverage",
+]
+
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+root_doc = "index"
+exclude_patterns = ["_build", "README.md", "Thumbs.db", ".DS_Store"]
+
+# bench/RESULTS.md (included whole) goes from ## to #### headings.
+suppress_warnings = ["myst.header"]
+
+# `name` in docstrings (single backticks) is a cross-reference when it
+# resolves, plain code when it does not.
+default_role = "py:obj"
+
+# Markdown pages (MyST): ::: fences, definition lists, heading anchors for
+# links such as operator.md#whose-arithmetic.
+myst_enable_extensions = ["colon_fence", "deflist"]
+myst_heading_anchors = 3
+
+# The API reference: the public names are documented where the package's
+# __init__ re-exports them, not where they are defined.
+autodoc_default_options = {"members": True, "member-order": "bysource"}
+autodoc_typehints = "description"
+autodoc_typehints_format = "short"
+autodoc_preserve_defaults = False  # show the values (65536.0), not DEFAULT_INIT_SCALE
+autodoc_class_signature = "separated"
+autosummary_generate = False
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+napoleon_use_rtype = False
+napoleon_use_ivar = True  # "Attributes:" as fields: autodoc lists the members itself
+
+# The check that fails the build when a public name has no entry in the API
+# reference (docs/_ext/public_api_coverage.py).
+public_api_modules = PUBLIC_API_MODULES
+
+html_theme = "furo"
+html_title = f"jax-amp-scale {release}"
+html_static_path: list[str] = []
+html_theme_options = {
+    "source_repository": "",
+    "navigation_with_keys": True,
+}

@@ -1,0 +1,110 @@
+"""The documentation's code runs as tests, and its API reference is complete.
+
+Every ```python block of a page under docs/ runs, in page order, in one
+namespace per page (as a reader would paste them into one session); blocks
+meant only to be read are written ```{code-block} python and are not run.
+A page can say what it needs in an HTML comment on a line of its own:
+
+    <!-- docs-test: requires optax, torch -->   skipped without these modules
+    <!-- docs-test: devices 4 -->               run in a fresh process with
+                                                 4 virtual CPU devices
+
+The site itself is built by ``python -m sphinx -W --keep-going -b html docs
+docs/_build/html`` (CI runs it); the check below that every public name has
+an API entry runs here too, without Sphinx.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.parts and p.name != "README.md")
+FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
+DIRECTIVE = re.compile(r"<!--\s*docs-test:\s*(\w+)\s*(.*?)\s*-->")
+
+sys.path.insert(0, str(DOCS / "_ext"))
+from public_api_coverage import PUBLIC_API_MODULES, undocumented  # noqa: E402
+
+sys.path.remove(str(DOCS / "_ext"))
+
+
+def page_blocks(page: Path) -> list[tuple[int, str]]:
+    """``(line, code)`` for each ```python block of the page."""
+    text = page.read_text()
+    return [(text.count("\n", 0, m.start()) + 2, m.group(1)) for m in FENCE.finditer(text)]
+
+
+def page_directives(page: Path) -> dict[str, str]:
+    return {m.group(1): m.group(2) for m in DIRECTIVE.finditer(page.read_text())}
+
+
+RUNNABLE = [p for p in PAGES if page_blocks(p)]
+
+
+def _page_id(page: Path) -> str:
+    return str(page.relative_to(DOCS))
+
+
+def _script(page: Path) -> str:
+    """The page's blocks as one script, each compiled under its own line number."""
+    parts = []
+    for line, code in page_blocks(page):
+        parts.append(f"exec(compile({code!r}, {f'{page}:{line}'!r}, 'exec'), __ns__)")
+    return "__ns__ = {'__name__': '__docs__'}\n" + "\n".join(parts) + "\n"
+
+
+def test_pages_found():
+    assert RUNNABLE, "no docs page with ```python blocks: is docs/ there?"
+
+
+@pytest.mark.parametrize("page", RUNNABLE, ids=_page_id)
+def test_page_code_runs(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    directives = page_directives(page)
+    for module in filter(None, re.split(r"[,\s]+", directives.get("requires", ""))):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{_page_id(page)} needs {module}")
+    monkeypatch.chdir(tmp_path)  # files a page writes land here
+    if "devices" in directives:
+        env = dict(os.environ, JAX_PLATFORMS="cpu")
+        env["XLA_FLAGS"] = (
+            env.get("XLA_FLAGS", "")
+            + f" --xla_force_host_platform_device_count={int(directives['devices'])}"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", _script(page)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, textwrap.shorten(proc.stderr, 6000)
+        return
+    namespace: dict = {"__name__": "__docs__"}
+    for line, code in page_blocks(page):
+        exec(compile(code, f"{page}:{line}", "exec"), namespace)
+
+
+def test_every_public_name_has_an_api_entry():
+    """What the Sphinx build checks (docs/_ext/public_api_coverage.py), without Sphinx."""
+    documented: set[str] = set()
+    auto = re.compile(r"^\s*\.\. (?:auto\w+|py:\w+):: ([\w.]+)", re.M)
+    current = re.compile(r"^\s*\.\. (?:currentmodule|py:currentmodule|module):: ([\w.]+)", re.M)
+    for page in sorted((DOCS / "api").glob("*.rst")):
+        module = ""
+        for line in page.read_text().splitlines():
+            if m := current.match(line):
+                module = m.group(1)
+            elif m := auto.match(line):
+                name = m.group(1)
+                documented.add(name if name.startswith("jax_amp_scale") else f"{module}.{name}")
+    assert undocumented(PUBLIC_API_MODULES, documented) == []
