@@ -69,11 +69,14 @@ def _typed_like(y: jax.Array, x: jax.Array) -> jax.Array:
     spec = _explicit_spec(x)
     if spec is None or _explicit_spec(y) == spec:
         return y
+    # The operand's own sharding (its mesh included): a bare PartitionSpec
+    # would need a mesh context the caller may not have set.
+    sharding = jax.typeof(x).sharding
     if hasattr(jax.sharding, "reshard"):
-        return jax.sharding.reshard(y, spec)
+        return jax.sharding.reshard(y, sharding)
     from jax.experimental.shard import reshard  # jax < 0.7
 
-    return reshard(y, spec)
+    return reshard(y, sharding)
 
 
 def _local_shapes() -> Any:
