@@ -64,19 +64,20 @@ def fake_plugin(tmp_path_factory) -> Path:
 
 _FAKE = """
 import ctypes, json, os
-from jax_amp_scale import plugin
-from jax_amp_scale.platforms import native, ascend as _ascend
+from jax_amp_scale import plugin, _native_plugin
+from jax_amp_scale.platforms import native, pjrt, ascend as _ascend
 path = os.environ["FAKE_PJRT"]
 out = {}
 try:
-    # A fake plugin JAX did not load: the test double's escape hatch.
-    out["route"] = plugin.register(platform="ascend", library_path=path, unchecked_library=True)
-    out["again"] = plugin.register(platform="ascend", library_path=path, unchecked_library=True)
+    # A fake plugin JAX did not load: registered in its API table directly.
+    api = _native_plugin.api_from_library(path)
+    out["route"] = pjrt.register_in_api(api, "ascend")
+    out["again"] = pjrt.register_in_api(api, "ascend")
     out["platforms"] = sorted(native.platforms('update_scale'))
     import jax_amp_scale as jas
     out["available"] = jas.available_backends("ascend")
     out["auto"] = jas.auto_backend("ascend")
-except plugin.PluginRegistrationError as e:
+except RuntimeError as e:  # PluginRegistrationError, or api_from_library's error
     out["error"] = str(e)
 lib = ctypes.CDLL(path)
 lib.fake_pjrt_log.restype = ctypes.c_char_p
@@ -166,7 +167,7 @@ def test_a_library_jax_did_not_load_for_the_platform_is_refused(fake_plugin):
     for platform in ("ascend", "cpu", "no_such_platform"):
         msg = out[platform]
         assert f"JAX has not loaded a PJRT plugin for {platform!r}" in msg, msg
-        assert "unchecked_library=True" in msg and str(fake_plugin) in msg
+        assert "pjrt.register_in_api" in msg and str(fake_plugin) in msg
     assert out["log"] == []  # the plugin was never asked
     assert not {"ascend", "no_such_platform"} & set(out["platforms"])
 
@@ -221,12 +222,12 @@ try:  # the CUDA plugin's library for "ascend": refused
 except plugin.PluginRegistrationError as e:
     out["refused"] = str(e)
 # A real plugin binary used as a double on a platform JAX does not run.
-out["route"] = plugin.register(platform="ascend", library_path=path, unchecked_library=True)
-out["again"] = plugin.register(platform="ascend", library_path=path, unchecked_library=True)
+out["route"] = pjrt.register_in_api(api, "ascend")
+out["again"] = pjrt.register_in_api(api, "ascend")
 out["platforms"] = sorted(native.platforms('update_scale'))
 try:
-    plugin.register(platform="ascend", library_path=path, unchecked_library=True,
-                    handler=_native_cpu.registrations()["jas_update_scale_v2"])
+    pjrt.register_in_api(api, "ascend",
+                         handler=_native_cpu.registrations()["jas_update_scale_v2"])
 except plugin.PluginRegistrationError as e:
     out["conflict"] = str(e)
 # The plugin JAX itself loaded (JAX_PLATFORMS=cpu keeps it from initialising
