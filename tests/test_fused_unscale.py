@@ -196,7 +196,7 @@ def test_loss_scaled_steps_equal_with_both_passes():
 
     def run(backend):
         tx = loss_scaled(
-            optax.adam(1e-2), jas.dynamic_scale(2.0**16, growth_interval=2), backend=backend
+            optax.adam(1e-2), jas.dynamic_scaler(2.0**16, growth_interval=2), backend=backend
         )
         state, p = tx.init(params), params
         update = jax.jit(tx.update)
