@@ -27,12 +27,20 @@ runs in a jitted data-parallel step whose global batch holds 2**18 tokens
 (``jnp.mean`` over a global batch sharded over 128 devices), the regime of
 real language-model training.  Adam is invariant to a constant factor on the
 loss (up to its ``eps``), so float32 and bfloat16 train as they would with
-the plain mean; float16, whose smallest subnormal is 6e-8, loses most of the
-logits' gradients (about (p - y) / 2**18) to underflow unless the loss is
-scaled.  The reported losses are per-token means.  With the plain mean
-(``--global-batch-tokens 2048``) the gradients are 128 times larger and
-float16 without scaling trains much closer to float32 (the example prints
-the fraction of gradient entries that underflow, so this can be checked).
+the plain mean; float16, whose smallest subnormal is 6e-8, loses a large
+part of the gradients (the logits' gradients are about (p - y) / 2**18) to
+underflow unless the loss is scaled.  The reported losses are per-token means.
+
+Measured on Python 3.11.7's standard library, 300 steps (the default
+settings; the table is in examples/README.md): evaluation loss float32
+2.1814, float16 with scaling 2.1807, bfloat16 2.1805, float16 without
+scaling 2.9458; at initialisation 29.4% of float16's unscaled gradient
+entries are exactly zero against 8.6% in float32 (embedding rows of bytes
+absent from the batch).  With the plain mean (``--global-batch-tokens
+2048``) the gradients are 128 times larger and this small model does not
+need scaling: float32 2.1801, float16 without scaling 2.1869, and 8.6% zeros
+in both.  So the gap shown here is the one a device sees in a large
+data-parallel step, not something this model suffers at batch 32.
 
 Output, in ``--out-dir``: ``transformer_lm.png`` (training loss of the four
 runs and the loss scale), ``transformer_lm.md`` and ``transformer_lm.csv``

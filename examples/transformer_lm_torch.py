@@ -24,9 +24,10 @@ The per-step training losses are compared, and the loss scale of every step:
 The two frameworks round differently (summation order in the matrix
 products, fused bias adds, the float16 GELU), so the losses are not equal
 bit for bit; the differences start at about 1e-6 and grow slowly as the
-trajectories drift.  The tolerances hold with a margin of several times the
-largest difference measured on this machine (printed at the end).  Exits 1
-when a check fails.
+trajectories drift.  Measured here over 100 steps: float32 at most 3.5e-5,
+float16 at most 6.1e-4, the scale equal at every step (2**15, then 2**16
+from step 51); the tolerances leave a margin of about 8 to 14 times.  Exits
+1 when a check fails.
 """
 
 from __future__ import annotations
