@@ -30,6 +30,7 @@ from jax_amp_scale.reference.gradient_pass import (
     leaf_finite,
     unscale_leaf,
 )
+from jax_amp_scale.reference.inverse import inverse_scale
 from jax_amp_scale.state.scale_state import ScaleState
 from jax_amp_scale.state.validation import Backend, check_backend
 
@@ -117,8 +118,9 @@ def scale_loss(loss: PyTree, state: Any) -> PyTree:
 def _inverse(state: Any) -> jax.Array | None:
     if _is_identity(state):
         return None
-    # float32 reciprocal, as torch's GradScaler (which multiplies by inv_scale).
-    return jnp.float32(1.0) / scale_value(state).astype(jnp.float32)
+    # torch's GradScaler inv_scale bit for bit, subnormal above 2**126
+    # (reference/inverse.py; unscale_leaf and the native pass multiply exactly).
+    return inverse_scale(scale_value(state))
 
 
 def unscale(tree: PyTree, state: Any) -> PyTree:
