@@ -108,3 +108,16 @@ def test_every_public_name_has_an_api_entry():
                 name = m.group(1)
                 documented.add(name if name.startswith("jax_amp_scale") else f"{module}.{name}")
     assert undocumented(PUBLIC_API_MODULES, documented) == []
+
+
+def test_code_fits_the_page():
+    """Code lines of at most 88 characters: the theme shows that many without scrolling."""
+    fence = re.compile(r"^```(?:python|\{code-block\} \w+)[ \t]*\n(.*?)^```", re.S | re.M)
+    long = [
+        f"{_page_id(page)}: {line}"
+        for page in PAGES
+        for m in fence.finditer(page.read_text())
+        for line in m.group(1).splitlines()
+        if len(line) > 88
+    ]
+    assert not long, "\n".join(long)
