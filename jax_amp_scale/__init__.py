@@ -5,6 +5,7 @@ from typing import Any
 
 # The public surface, re-exported; nothing is defined here, and importing
 # registers nothing (native handlers load at the first trace that needs them).
+from jax_amp_scale._version import __version__ as __version__
 from jax_amp_scale.dispatch.backends import auto_backend, available_backends
 from jax_amp_scale.ops.update_scale import amp_update_scale, update_scale
 from jax_amp_scale.state.scale_state import ScaleState, init_scale_state
@@ -31,8 +32,6 @@ from jax_amp_scale.training.loss_scale_kinds import (
     static_scale,
 )
 from jax_amp_scale.training.policy import Policy, get_policy, loss_scale_for
-
-__version__ = "0.1.0"
 
 __all__ = [
     # training layer
