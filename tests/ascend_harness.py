@@ -123,36 +123,27 @@ def ascend_on_cpu() -> Iterator[None]:
 
     ``update_scale(..., backend="auto")``, ``unscale_and_check`` and
     ``loss_scaled`` then take exactly the path they take on an Ascend
-    platform: `dispatch.backends` treats "cpu" as a CANN platform (the rule
-    choice: a torch state with factors that are not powers of two plans the
-    reference; the guard after aclnnAmpUpdateScale; the fused pass's CANN
-    calling convention) and prefers the native handlers, whose targets are
-    the test bindings of ``ffi/ascend.cc`` (CANN loaded by the production
-    loader: point it at the CANN test double first, ``control.use``).
-    Functions traced inside keep that path; trace afresh after leaving.
+    platform: the dispatch configuration (`jax_amp_scale.dispatch.configured`,
+    the one seam) names "cpu" a CANN platform (the rule choice: a torch state
+    with factors that are not powers of two plans the reference; the guard
+    after aclnnAmpUpdateScale; the fused pass's CANN calling convention),
+    prefers the native handlers there, and calls the test bindings of
+    ``ffi/ascend.cc`` (CANN loaded by the production loader: point it at the
+    CANN test double first, ``control.use``).  With several devices the
+    fused pass runs per local shard, as on a mesh of NPUs.  Functions traced
+    inside keep that path; trace afresh after leaving.
     """
-    from jax_amp_scale.dispatch import backends
-    from jax_amp_scale.platforms import native, registry
+    from jax_amp_scale import dispatch
+    from jax_amp_scale.platforms import registry
 
     register_test_binding()
     mod = testing()
-    native.platforms(registry.UPDATE_SCALE)  # the built-in names, loaded first
-    saved = {op: registry.target(op) for op in registry.OPERATORS}
-    saved_cann, saved_auto = backends.ASCEND_PLATFORMS, backends.AUTO_NATIVE
-    registry.set_target_names(
-        {
+    with dispatch.configured(
+        auto_native={op: frozenset({"cpu"}) for op in registry.OPERATORS},
+        cann_platforms=frozenset({"cpu"}),
+        targets={
             registry.UPDATE_SCALE: str(mod.TEST_TARGET),
             registry.UNSCALE_AND_CHECK: str(mod.UNSCALE_TEST_TARGET),
-        }
-    )
-    backends.ASCEND_PLATFORMS = frozenset({"cpu"})
-    backends.AUTO_NATIVE = {
-        op: {"always": frozenset({"cpu"}), "one_device": frozenset()} for op in saved_auto
-    }
-    jax.clear_caches()
-    try:
+        },
+    ):
         yield
-    finally:
-        registry.set_target_names(saved)
-        backends.ASCEND_PLATFORMS, backends.AUTO_NATIVE = saved_cann, saved_auto
-        jax.clear_caches()

@@ -68,3 +68,11 @@ def pcast_varying(x, axes):
     if hasattr(jax.lax, "pcast"):
         return jax.lax.pcast(x, axes, to="varying")
     return jax.lax.pvary(x, axes)
+
+
+EXPLICIT_NATIVE_PASS = (
+    "jax < 0.7 (explicit sharding experimental): the partitioned native pass's "
+    "flag all-reduce lowers with sharding constraints XLA cannot translate when a "
+    "mesh with explicit axes is set; there 'auto' takes the reference and 'ffi' "
+    "refuses explicitly sharded leaves"
+)

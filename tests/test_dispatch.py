@@ -12,6 +12,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import jax_amp_scale as jas
@@ -56,7 +57,9 @@ def test_under_vmap_update_scale_is_one_call_for_the_batch():
     np.testing.assert_array_equal(np.asarray(out.scale), [4.0, 8.0, 4.0])
 
 
-def test_explicitly_sharded_state_takes_the_reference_under_auto():
+def test_explicitly_sharded_state_runs_natively_and_keeps_its_type():
+    # The native call's results carry the state's explicit sharding
+    # (lowering/partitioning.py), so "auto" need not avoid it.
     mesh = jax.make_mesh((1,), ("x",), axis_types=(AxisType.Explicit,))
     one = jas.init_scale_state(8.0, shape=(1,))
     sharding = NamedSharding(mesh, PartitionSpec("x"))
@@ -66,7 +69,29 @@ def test_explicitly_sharded_state_takes_the_reference_under_auto():
         found = jax.device_put(jnp.array([True]), sharding)
         text = step.lower(state, found).as_text()
         out = step(state, found)
-        replicated = step.lower(one, jnp.array([True])).as_text()
-    assert "jas_update_scale" not in text
-    assert "jas_update_scale" in replicated  # the same call unsharded: native
+        assert jax.typeof(out.scale).sharding.spec == PartitionSpec("x")
+    assert "jas_update_scale" in text
     np.testing.assert_array_equal(np.asarray(out.scale), [4.0])
+
+
+def test_dispatch_configuration_is_an_immutable_value_changed_only_in_a_block():
+    import dataclasses
+
+    from jax_amp_scale import dispatch
+
+    cfg = dispatch.config()
+    assert cfg is dispatch.DEFAULT_CONFIG
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.cann_platforms = frozenset({"cpu"})  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        cfg.auto_native["update_scale"] = frozenset()  # type: ignore[index]
+    with pytest.raises(ValueError, match="unknown operators"):
+        dispatch.DispatchConfig(auto_native={"update_scal": frozenset({"cpu"})})
+    step = lambda s: jas.update_scale(s, True)  # noqa: E731
+    state = jas.init_scale_state()
+    with dispatch.configured(auto_native={}) as inside:
+        assert dispatch.config() is inside and inside.cann_platforms == cfg.cann_platforms
+        assert jas.auto_backend("cpu") == "reference"
+        assert "jas_update_scale" not in jax.jit(step).lower(state).as_text()
+    assert dispatch.config() is cfg and jas.auto_backend("cpu") == "ffi"
+    assert "jas_update_scale" in jax.jit(step).lower(state).as_text()

@@ -229,21 +229,22 @@ def test_auto_uses_the_native_calls_in_a_one_device_process():
     assert not _scaling.fused_pass_expected([jnp.ones(4)], "reference")
 
 
-def test_explicitly_sharded_leaves_take_the_reference_under_auto():
-    # A one-device mesh with an explicit axis: "auto" would pick the native
-    # pass, but a custom call's results carry no sharding.
+def test_explicitly_sharded_leaves_run_natively_and_keep_their_type():
+    # A one-device mesh with an explicit axis: the native pass's results
+    # carry the leaves' sharding (lowering/partitioning.py; eight devices:
+    # tests/multidevice/test_fused_pass_sharded.py).
     from jax.sharding import AxisType, NamedSharding
 
     mesh = jax.make_mesh((1,), ("x",), axis_types=(AxisType.Explicit,))
     g = jax.device_put(jnp.ones((16,), jnp.float32), NamedSharding(mesh, PartitionSpec("x")))
     with set_mesh(mesh):
         text = jax.jit(_check("auto")).lower([g], jnp.float32(2.0)).as_text()
-        with pytest.raises(ValueError, match="backend='ffi' cannot take explicitly sharded"):
-            _check("ffi")([g], jnp.float32(2.0))
-        out, found = _check("auto")([g], jnp.float32(2.0))
-    assert "jas_unscale_and_check" not in text
-    np.testing.assert_array_equal(np.asarray(out[0]), np.full(16, 0.5, np.float32))
-    assert not bool(found)
+        for backend in ("auto", "ffi"):
+            out, found = _check(backend)([g], jnp.float32(2.0))
+            assert jax.typeof(out[0]).sharding.spec == PartitionSpec("x")
+            np.testing.assert_array_equal(np.asarray(out[0]), np.full(16, 0.5, np.float32))
+            assert not bool(found)
+    assert "jas_unscale_and_check" in text
 
 
 def test_ffi_backend_on_a_platform_without_handler_fails_clearly():

@@ -1,50 +1,117 @@
-"""Which backend runs an operator: one rule and one table for both operators.
+"""Which backend runs an operator: one rule and one configuration for both.
 
 ``"reference"`` is the pure-JAX lowering (every platform); ``"ffi"`` the
 native custom call (a lowering-time error where the platform has no
-handler); ``"auto"`` the native call where the table below prefers it and a
-handler is registered, the reference elsewhere, chosen per lowering
+handler); ``"auto"`` the native call where the configuration prefers it and
+a handler is registered, the reference elsewhere, chosen per lowering
 platform by `lax.platform_dependent`.
+
+The choice reads one immutable `DispatchConfig`.  `configured` replaces it
+for a block (the Ascend-on-CPU test harness plays Ascend on CPU that way);
+nothing else changes it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import math
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import jax
 
-from jax_amp_scale.lowering.custom_call import explicitly_sharded
+from jax_amp_scale.lowering import partitioning
 from jax_amp_scale.platforms import native, registry
 
 UPDATE_SCALE = registry.UPDATE_SCALE
 UNSCALE_AND_CHECK = registry.UNSCALE_AND_CHECK
 
-# Where "auto" prefers the native handler, per operator:
-# - always: on Ascend the native operator is the point of the library;
-# - one device: only in a process with one device, because XLA cannot
-#   partition a custom call and would gather a sharded operand around it.
-#   On CPU the update-scale call costs ~0.3 us a step more than the reference
-#   but compiles in 0.035 s against ~0.5 s, and is 3.5x faster vmapped over
-#   1,024 states; the fused gradient pass reads each byte once where the
-#   reference makes two passes (bench/RESULTS.md, workloads 2-4).
-AUTO_NATIVE: dict[str, dict[str, frozenset[str]]] = {
-    UPDATE_SCALE: {"always": frozenset({"ascend", "npu"}), "one_device": frozenset({"cpu"})},
-    UNSCALE_AND_CHECK: {"always": frozenset({"ascend", "npu"}), "one_device": frozenset({"cpu"})},
-}
+_ASCEND = frozenset({"ascend", "npu"})
 
 
-# Platforms whose handlers are CANN operators (aclnnAmpUpdateScale,
-# aclnnForeachNonFiniteCheckAndUnscale).  The update-scale kernel computes
-# rule "cann" without the library's guard, so there:
-# - the result passes through the guard (lowering.refuse_infinite_growth);
-# - a rule "torch" state runs natively only when both factors are powers of
-#   two exact in float32 (then the kernel's bits are torch's: tests/
-#   test_rule_choice.py); "auto" plans the reference for any other.
-# The fused pass there takes the operator's calling convention
-# (lowering.gradient_pass: float32 found flag, per-dtype calls, float64 and
-# empty leaves outside it).
-ASCEND_PLATFORMS: frozenset[str] = frozenset({"ascend", "npu"})
+def _frozen(table: Mapping[str, Any], value: Any = frozenset) -> Mapping[str, Any]:
+    return MappingProxyType({k: value(v) for k, v in table.items()})
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatchConfig:
+    """What ``"auto"`` prefers, and which platforms run CANN operators.
+
+    Attributes:
+      auto_native: operator -> lowering platforms where ``"auto"`` prefers the
+        native handler (where one is registered), with any number of devices:
+        the native calls partition like the elementwise operators they are
+        (`lowering.partitioning`).
+      cann_platforms: platforms whose handlers are CANN operators
+        (aclnnAmpUpdateScale, aclnnForeachNonFiniteCheckAndUnscale).  The
+        update-scale kernel computes rule "cann" without the library's
+        guard, so there the result passes through the guard
+        (`lowering.update_scale.refuse_infinite_growth`), and a rule "torch"
+        state runs natively only when both factors are powers of two exact
+        in float32 (`cann_serves`; "auto" plans the reference for any
+        other).  The fused pass there takes the operator's calling
+        convention (float32 flag, one dtype per call, float64 and empty
+        leaves outside it).
+      targets: operator -> FFI target name to call instead of the native
+        module's own (a handler registered under another name).
+    """
+
+    auto_native: Mapping[str, frozenset[str]]
+    cann_platforms: frozenset[str] = _ASCEND
+    targets: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = (set(self.auto_native) | set(self.targets)) - set(registry.OPERATORS)
+        if unknown:
+            raise ValueError(f"DispatchConfig: unknown operators {sorted(unknown)}")
+        object.__setattr__(self, "auto_native", _frozen(self.auto_native))
+        object.__setattr__(self, "cann_platforms", frozenset(self.cann_platforms))
+        object.__setattr__(self, "targets", _frozen(self.targets, str))
+
+
+# On Ascend the native operator is the point of the library.  On CPU the
+# fused gradient pass reads each byte once where the reference makes two
+# passes, on one device and, partitioned, on eight (bench/RESULTS.md); the
+# update-scale call costs ~0.3 us a step more than the reference but
+# compiles in 0.035 s against ~0.5 s and is 3.5x faster vmapped over 1,024
+# states.  On CUDA the reference is as fast (XLA fuses it), so not there.
+DEFAULT_CONFIG = DispatchConfig(
+    auto_native={
+        UPDATE_SCALE: frozenset({"cpu"}) | _ASCEND,
+        UNSCALE_AND_CHECK: frozenset({"cpu"}) | _ASCEND,
+    }
+)
+
+_config: contextvars.ContextVar[DispatchConfig] = contextvars.ContextVar(
+    "jax_amp_scale_dispatch", default=DEFAULT_CONFIG
+)
+
+
+def config() -> DispatchConfig:
+    """The configuration dispatch decisions read now."""
+    return _config.get()
+
+
+@contextlib.contextmanager
+def configured(config: DispatchConfig | None = None, /, **changes: Any) -> Iterator[DispatchConfig]:
+    """Dispatch reads `config` (or the current one with `changes`) in this block.
+
+    Decisions are taken when a function is traced, and `jax.jit` caches
+    traces without knowing the configuration, so JAX's caches are cleared on
+    entry and on exit: functions traced inside keep that path; call them
+    again after leaving to trace them afresh.
+    """
+    new = dataclasses.replace(config or _config.get(), **changes)
+    token = _config.set(new)
+    jax.clear_caches()
+    try:
+        yield new
+    finally:
+        _config.reset(token)
+        jax.clear_caches()
 
 
 class Plan(NamedTuple):
@@ -76,10 +143,11 @@ def _platform_name(platform: str | None) -> str:
 
 
 def _auto_prefers(op: str, platform: str) -> bool:
-    table = AUTO_NATIVE[op]
-    if platform in table["always"]:
-        return True
-    return platform in table["one_device"] and jax.device_count() == 1
+    return platform in config().auto_native.get(op, frozenset())
+
+
+def _target(op: str) -> str:
+    return config().targets.get(op) or native.target(op)
 
 
 def available_backends(platform: str | None = None, op: str = UPDATE_SCALE) -> tuple[str, ...]:
@@ -110,28 +178,27 @@ def plan(op: str, backend: str, operands: list[Any], attrs: dict[str, Any] | Non
     if backend == "reference":
         return Plan("reference", frozenset())
     have = native.platforms(op)
-    cann = have & ASCEND_PLATFORMS
+    cann = have & config().cann_platforms
     if op == UPDATE_SCALE:
         a = attrs or {}
         if backend == "auto" and not cann_serves(
             a.get("rule", "torch"), a.get("growth_factor", 2.0), a.get("backoff_factor", 0.5)
         ):
-            have = have - ASCEND_PLATFORMS
-    sharded = any(explicitly_sharded(x) for x in operands)
+            have = have - cann
+    target = _target(op)
+    partitions = partitioning.partitions(operands)
     if backend == "ffi":
-        if sharded and op == UNSCALE_AND_CHECK:
+        if not partitions and op == UNSCALE_AND_CHECK:
             raise ValueError(
                 "unscale_and_check: backend='ffi' cannot take explicitly sharded leaves "
-                "(XLA cannot partition the custom call); use backend='auto' or "
-                "'reference', or call it inside shard_map"
+                "on jax < 0.7 (its collective does not lower there); use backend='auto' "
+                "or 'reference', jax >= 0.7, or call it inside shard_map"
             )
-        return Plan("strict", have, native.target(op), cann)
-    # "auto": never for an explicitly sharded operand (a custom call's result
-    # carries no sharding).
+        return Plan("strict", have, target, cann)
     prefer = frozenset(p for p in have if _auto_prefers(op, p))
-    if not prefer or sharded:
+    if not prefer or not partitions:
         return Plan("reference", frozenset())
-    return Plan("native", prefer, native.target(op), cann)
+    return Plan("native", prefer, target, cann)
 
 
 def native_expected(

@@ -40,15 +40,6 @@ def varying_axes(x: jax.Array) -> frozenset[Any]:
     return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())
 
 
-def explicitly_sharded(x: Any) -> bool:
-    """Whether `x`'s type carries an explicit-mode sharding (AxisType.Explicit).
-
-    A custom call's results cannot carry one, so such inputs take the reference.
-    """
-    spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
-    return spec is not None and any(p is not None for p in spec)
-
-
 def _vary(x: jax.Array, axes: frozenset[Any]) -> jax.Array:
     missing = tuple(a for a in sorted(axes, key=str) if a not in varying_axes(x))
     if not missing:

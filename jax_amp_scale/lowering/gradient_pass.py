@@ -27,6 +27,7 @@ from jax_amp_scale.lowering.custom_call import (
     vary_like,
     with_reference_rules,
 )
+from jax_amp_scale.lowering.partitioning import elementwise_pass
 from jax_amp_scale.platforms import registry
 from jax_amp_scale.reference.gradient_pass import leaf_finite
 from jax_amp_scale.state.validation import nonzero_bits
@@ -171,8 +172,9 @@ def unscale_and_check_native(
         out = reference(inv, leaves)  # typed like the native branch
         return unavailable(registry.UNSCALE_AND_CHECK, out) if strict else out
 
-    native = with_reference_rules(_calls(target), reference)
-    cann = with_reference_rules(cann_fused_pass(target, reference), reference)
+    # Each device runs the pass on its shards; the flag is OR-reduced (partitioning.py).
+    native = with_reference_rules(elementwise_pass(_calls(target)), reference)
+    cann = with_reference_rules(elementwise_pass(cann_fused_pass(target, reference)), reference)
     overrides = {p: cann for p in native_on if p in frozenset(cann_platforms)}
     return per_platform(  # type: ignore[no-any-return]
         native, other, inv, leaves, native_on=native_on, overrides=overrides

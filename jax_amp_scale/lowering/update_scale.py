@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_amp_scale.lowering.custom_call import per_platform, unavailable, vary_like
+from jax_amp_scale.lowering.partitioning import per_element
 from jax_amp_scale.platforms import registry
 from jax_amp_scale.reference.exact_product import FORMATS
 
@@ -29,26 +30,26 @@ def call_native(
     """One ``ffi_call`` of `target` with the operator's arguments; `found` is bool."""
     # The operator's dtype rule: found_inf has the scale's dtype (1 or 0).
     found_inf = found.astype(scale.dtype)
-    call = jax.ffi.ffi_call(
-        target,
-        (
-            jax.ShapeDtypeStruct(scale.shape, scale.dtype),
-            jax.ShapeDtypeStruct(tracker.shape, jnp.int32),
-        ),
-        # A vmapped batch of states goes to the handler in one call.
-        vmap_method="broadcast_all",
-        # In place, as torch_npu calls aclnnAmpUpdateScale.
-        input_output_aliases={0: 0, 1: 1},
-    )
-    new_scale, new_tracker = call(
-        scale,
-        tracker,
-        found_inf,
-        growth_factor=np.float64(growth_factor),
-        backoff_factor=np.float64(backoff_factor),
-        growth_interval=np.int64(growth_interval),
-        rule=str(rule),
-    )
+    attrs = {
+        "growth_factor": np.float64(growth_factor),
+        "backoff_factor": np.float64(backoff_factor),
+        "growth_interval": np.int64(growth_interval),
+        "rule": str(rule),
+    }
+
+    def call(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, ...]:
+        ffi = jax.ffi.ffi_call(
+            target,
+            (jax.ShapeDtypeStruct(s.shape, s.dtype), jax.ShapeDtypeStruct(t.shape, jnp.int32)),
+            # A vmapped batch of states goes to the handler in one call.
+            vmap_method="broadcast_all",
+            # In place, as torch_npu calls aclnnAmpUpdateScale.
+            input_output_aliases={0: 0, 1: 1},
+        )
+        return tuple(ffi(s, t, f, **attrs))
+
+    # Each device updates the states it holds (lowering/partitioning.py).
+    new_scale, new_tracker = per_element(call)(scale, tracker, found_inf)
     # ffi_call types its results from the ShapeDtypeStructs above, which say
     # nothing of shard_map's varying axes; the state varies wherever an input
     # does, and shard_map's replication check relies on knowing that.

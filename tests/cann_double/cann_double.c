@@ -514,11 +514,13 @@ EXPORT int32_t cd_foreach_get_workspace_size(const char* lib, const cd_tensor_li
   *ws_size = e->ws_size;
   *executor = e;
 out:
+  int64_t total = 0; /* elements in the list: a shard's, not the global array's */
+  for (uint64_t i = 0; e && i < e->ntensors; ++i) total += e->counts[i];
   logf_("{\"ev\":\"foreach_gws\",\"lib\":\"%s\",\"list\":%lld,\"n\":%llu,\"dtype\":%d,"
-        "\"status\":%d,\"exec\":%lld}",
+        "\"elements\":%lld,\"status\":%d,\"exec\":%lld}",
         lib, (long long)(l && l->magic == LIST_MAGIC ? l->id : 0),
         (unsigned long long)(l && l->magic == LIST_MAGIC ? l->size : 0),
-        l && l->magic == LIST_MAGIC && l->size ? l->tensors[0]->dtype : -1, st,
+        l && l->magic == LIST_MAGIC && l->size ? l->tensors[0]->dtype : -1, (long long)total, st,
         (long long)(e ? e->id : 0));
   pthread_mutex_unlock(&mu);
   return st;

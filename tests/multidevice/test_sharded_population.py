@@ -24,26 +24,12 @@ def _one_step(backend):
     return jax.jit(jax.vmap(lambda s, f: jas.update_scale(s, f, backend)))
 
 
-_FFI_UNPARTITIONED = (
-    "XLA cannot partition the jas_update_scale custom call: under jit it "
-    "all-gathers a sharded population and returns it replicated, which in "
-    "explicit mode changes the type of the state. Use shard_map (test below)."
-)
-
-
 @pytest.mark.parametrize(
     ("mode", "backend"),
     [
         pytest.param(AxisType.Explicit, "reference", marks=OLD_EXPLICIT),
         (AxisType.Auto, "reference"),
-        pytest.param(
-            AxisType.Explicit,
-            "ffi",
-            # Fails only on jax >= 0.7 (the reason); on jax 0.6 it passes.
-            marks=pytest.mark.xfail(
-                not BEFORE_0_7, strict=True, raises=ValueError, reason=_FFI_UNPARTITIONED
-            ),
-        ),
+        (AxisType.Explicit, "ffi"),
         (AxisType.Auto, "ffi"),
     ],
     ids=str,
@@ -88,7 +74,8 @@ def test_sharded_population_stays_sharded_reference(mode):
     _stays_sharded(mode, "reference")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=_FFI_UNPARTITIONED)
+# The native call partitioned per element (lowering/partitioning.py): each
+# device updates the members it holds, under jit, with no collective.
 @pytest.mark.parametrize("mode", MODES, ids=str)
 def test_sharded_population_stays_sharded_ffi(mode):
     _stays_sharded(mode, "ffi")

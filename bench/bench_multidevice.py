@@ -1,0 +1,142 @@
+"""Workload 7: a training step on eight devices, sharded FSDP-style and data-parallel.
+
+Eight virtual CPU devices (``--xla_force_host_platform_device_count=8``, set
+here before JAX starts).  An MLP's step under ``jax.jit``, three ways side by
+side, interleaved:
+
+* plain: ``grad`` then SGD (no loss scaling);
+* reference: the loss scaled, the gradients unscaled and checked by the
+  pure-JAX pass, the step skipped on overflow, the scale updated
+  (``backend="reference"``);
+* native: the same with the native fused pass (``backend="ffi"``), which
+  runs on each device's local shards and OR-reduces the flag
+  (lowering/partitioning.py).
+
+Two layouts: ``fsdp`` (every weight sharded on its first axis over the 8
+devices, gathered for the forward pass as FSDP/ZeRO-3 does, the batch
+sharded too) and ``data_parallel`` (parameters replicated, the batch
+sharded).  Ratios are to the plain step; what "auto" picks with several
+devices rests on the native row being at least as fast as the reference.
+
+    python bench/bench_multidevice.py            # full size
+    python bench/bench_multidevice.py --tiny     # smoke
+"""
+
+from __future__ import annotations
+
+import os
+
+_FLAG = "--xla_force_host_platform_device_count"
+if _FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}=8".strip()
+
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from _harness import Table, finish, measure, parser  # noqa: E402
+from jax.sharding import AxisType, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import jax_amp_scale as jas  # noqa: E402
+
+LR = 1e-3
+
+
+def _params(width: int, depth: int, seed: int = 0) -> dict[str, jax.Array]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for k in range(depth):
+        out[f"w{k}"] = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        out[f"b{k}"] = np.zeros((width,), np.float32)
+    return out
+
+
+def _loss(params: dict[str, jax.Array], x: jax.Array, depth: int, gather: bool) -> jax.Array:
+    h = x
+    for k in range(depth):
+        w, b = params[f"w{k}"], params[f"b{k}"]
+        if gather:  # FSDP: the layer's weights gathered for its use
+            w = jax.lax.with_sharding_constraint(w, P())
+            b = jax.lax.with_sharding_constraint(b, P())
+        h = jnp.tanh(h @ w + b)
+    return jnp.mean(h**2)
+
+
+def _steps(depth: int, gather: bool) -> dict[str, object]:
+    def plain(params, x, state):
+        grads = jax.grad(_loss)(params, x, depth, gather)
+        return jax.tree.map(lambda p, g: p - LR * g, params, grads), state
+
+    def scaled(backend):
+        def step(params, x, state):
+            grads = jax.grad(lambda p: _loss(p, x, depth, gather) * state.scale)(params)
+            grads, found = jas.unscale_and_check(grads, state, backend=backend)
+            new = jax.tree.map(lambda p, g: jnp.where(found, p, p - LR * g), params, grads)
+            return new, jas.update_scale(state, found, backend=backend)
+
+        return step
+
+    return {"plain": plain, "reference": scaled("reference"), "native": scaled("ffi")}
+
+
+def _table(layout: str, width: int, depth: int, batch: int, args) -> Table:
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Auto,))
+    fsdp = layout == "fsdp"
+    spec = {k: P("d") if fsdp else P() for k in _params(width, depth)}
+    with jax.sharding.use_mesh(mesh) if hasattr(jax.sharding, "use_mesh") else mesh:
+        params = {
+            k: jax.device_put(v, NamedSharding(mesh, spec[k]))
+            for k, v in _params(width, depth).items()
+        }
+        x = jax.device_put(
+            np.random.default_rng(1).standard_normal((batch, width)).astype(np.float32),
+            NamedSharding(mesh, P("d")),
+        )
+        state = jax.device_put(jas.init_scale_state(2.0**10), NamedSharding(mesh, P()))
+        candidates = {}
+        for name, fn in _steps(depth, gather=fsdp).items():
+            step = jax.jit(fn)
+            step(params, x, state)  # compile
+
+            def run(step=step):
+                jax.block_until_ready(step(params, x, state))
+
+            candidates[name] = run
+        rows = measure(candidates, baseline="plain", reps=args.reps, warmup=args.warmup)
+    n = sum(int(np.prod(v.shape)) for v in params.values())
+    return Table(
+        workload="7. Eight devices",
+        title=f"{layout}: MLP {n / 1e6:.1f}M float32 params ({depth}x{width}), batch {batch}",
+        baseline="plain",
+        rows=rows,
+        reps=args.reps,
+        warmup=args.warmup,
+        notes=[
+            "8 virtual CPU devices sharing this machine's cores "
+            "(XLA_FLAGS=--xla_force_host_platform_device_count=8)",
+            "fsdp: weights sharded P('d') on their first axis; data_parallel: replicated; "
+            "the batch sharded P('d') in both",
+        ],
+    )
+
+
+def main() -> None:
+    p = parser(__doc__.splitlines()[0], reps=30, warmup=3)
+    args = p.parse_args()
+    if args.tiny:
+        args.reps, args.warmup = 1, 1
+        size = (64, 2, 64)
+    else:
+        size = (1024, 4, 512)
+    assert jax.device_count() == 8, jax.devices()
+    tables = [_table(layout, *size, args) for layout in ("fsdp", "data_parallel")]
+    finish(args, tables)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""Native calls that partition like the elementwise operators they are.
+
+XLA cannot see inside a custom call, so on its own it gathers every sharded
+operand around one and replicates its results.  Two of JAX's public
+mechanisms tell it better:
+
+- `elementwise_pass`: the fused gradient pass wrapped in
+  `jax.experimental.custom_partitioning`.  Each device runs the pass on its
+  local shards (outputs keep the operands' shardings, the inverse scale is
+  replicated) and the found-inf flag is OR-reduced over the mesh axes the
+  leaves are sharded on: one all-reduce of a scalar, nothing gathered.  It
+  serves GSPMD (``partition`` and ``infer_sharding_from_operands``) and
+  Shardy (an einsum-like ``sharding_rule`` naming every dimension of every
+  leaf once, so any dimension may stay sharded), auto and explicit axes
+  alike; where the operands' shardings are not known until XLA partitions
+  the program (auto axes), shard_map could not be used.
+- `per_element`: the update-scale call, whose operands and results share
+  one shape and whose elements (a vmapped population's members) are
+  independent, wrapped the same way with every operand and result sharded
+  like the scale: a population sharded on its batch axis is updated where
+  it lies, a replicated state on each device, with no collective.
+  (`jax.ffi.register_ffi_target_as_batch_partitionable` would need the
+  custom call to carry XLA's ``num_batch_dims`` attribute, which
+  `jax.ffi.ffi_call` does not emit.)  Under ``vmap`` the batched call is
+  wrapped again (`jax.custom_batching.custom_vmap`).
+
+In a process with one device the pass is the plain custom call (nothing to
+partition; the program stays exportable, as custom_partitioning's callback
+is not serialisable).  Inside ``shard_map`` over every mesh axis
+custom_partitioning inlines the call, which then sees the local shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+Pass = Callable[[jax.Array, list[jax.Array]], tuple[jax.Array, list[jax.Array]]]
+
+
+# jax < 0.7 (explicit axes experimental) lowers the flag's all-reduce inside
+# the partitioned call with sharding constraints XLA cannot translate when a
+# mesh with explicit axes is set while compiling.
+_EXPLICIT_OK = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 7)
+
+
+def partitions(operands: Sequence[Any]) -> bool:
+    """Whether the native calls partition these operands on this jax (all
+    do, except explicitly sharded ones on jax < 0.7)."""
+    return _EXPLICIT_OK or not any(_explicit_spec(x) is not None for x in operands)
+
+
+def _explicit_spec(x: Any) -> Any:
+    """`x`'s explicit-axes PartitionSpec, or None (auto axes, or none sharded)."""
+    spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
+    return spec if spec is not None and any(p is not None for p in spec) else None
+
+
+def _typed_like(y: jax.Array, x: jax.Array) -> jax.Array:
+    """`y` typed with `x`'s explicit sharding: an elementwise result keeps its
+    operand's (`jax.ffi.ffi_call` types results as replicated)."""
+    spec = _explicit_spec(x)
+    if spec is None or _explicit_spec(y) == spec:
+        return y
+    if hasattr(jax.sharding, "reshard"):
+        return jax.sharding.reshard(y, spec)
+    from jax.experimental.shard import reshard  # jax < 0.7
+
+    return reshard(y, spec)
+
+
+def _operand_sharding(mesh: Any, arg_shape: Any) -> Any:
+    """The sharding XLA gives an operand (None on older jax for an
+    unannotated one: replicated)."""
+    s = arg_shape.sharding
+    if s is None:
+        return NamedSharding(mesh, PartitionSpec())
+    return s
+
+
+def _replicated_like(sharding: Any) -> NamedSharding:
+    """A replicated sharding over `sharding`'s devices."""
+    devices = sorted(sharding.device_set, key=lambda d: d.id)
+    return NamedSharding(Mesh(np.array(devices), ("replicas",)), PartitionSpec())
+
+
+def _spec_axes(sharding: Any) -> list[Hashable]:
+    axes: list[Hashable] = []
+    for entry in sharding.spec:
+        if entry is None:
+            continue
+        axes += list(entry) if isinstance(entry, tuple) else [entry]
+    return axes
+
+
+def _rule(ranks: Sequence[int]) -> str:
+    """The Shardy rule: a replicated scalar, then every leaf elementwise."""
+    values = [""] + [" ".join(f"l{k}d{d}" for d in range(r)) for k, r in enumerate(ranks)]
+    operands = ", ".join(values)
+    return f"{operands} -> {operands}"
+
+
+def _partitioned(run: Pass, ranks: tuple[int, ...]) -> Any:
+    @custom_partitioning
+    def call(inv: jax.Array, *leaves: jax.Array) -> tuple[jax.Array, ...]:
+        found, outs = run(inv, list(leaves))
+        return (found, *(_typed_like(y, x) for y, x in zip(outs, leaves, strict=True)))
+
+    def shardings(mesh: Any, arg_shapes: Any) -> tuple[Any, list[Any], list[Hashable]]:
+        leaf_shardings = [_operand_sharding(mesh, a) for a in arg_shapes[1:]]
+        if not all(isinstance(s, NamedSharding) for s in leaf_shardings):
+            # Shardings without mesh axis names (a program without a mesh):
+            # no axis to reduce the flag over, so every operand replicated
+            # (correct, but gathers).  An exception here would abort the
+            # process (XLA calls this while compiling), so none is raised.
+            rep = _replicated_like(leaf_shardings[0])
+            return rep, [rep] * len(leaf_shardings), []
+        rep = NamedSharding(mesh, PartitionSpec())
+        axes = sorted({a for s in leaf_shardings for a in _spec_axes(s)}, key=str)
+        return rep, leaf_shardings, axes
+
+    def partition(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
+        rep, leaf_shardings, axes = shardings(mesh, arg_shapes)
+
+        def local(inv: jax.Array, *leaves: jax.Array) -> tuple[jax.Array, ...]:
+            found, outs = run(inv, list(leaves))
+            if axes:  # one scalar all-reduce: the OR over every shard
+                found = jax.lax.pmax(found.astype(jnp.int32), tuple(axes)) > 0
+            return (found, *outs)
+
+        shards = (rep, *leaf_shardings)
+        return mesh, local, shards, shards
+
+    def infer(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
+        rep, leaf_shardings, _ = shardings(mesh, arg_shapes)
+        return (rep, *leaf_shardings)
+
+    call.def_partition(
+        partition=partition,
+        infer_sharding_from_operands=infer,
+        sharding_rule=_rule(ranks),
+    )
+    return call
+
+
+def elementwise_pass(run: Pass) -> Pass:
+    """`run` (``(inv, leaves) -> (found, unscaled)``) partitioned per shard.
+
+    `run` must be elementwise in the leaves and its flag an OR over their
+    elements: then the OR of the per-shard flags is the global flag, bit for
+    bit, whatever the sharding.
+    """
+
+    def partitioned(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
+        if jax.device_count() == 1:
+            found, outs = run(inv, leaves)
+            return found, [_typed_like(y, x) for y, x in zip(outs, leaves, strict=True)]
+        found, *outs = _partitioned(run, tuple(x.ndim for x in leaves))(inv, *leaves)
+        return found, list(outs)
+
+    return partitioned
+
+
+def _elementwise_rule(ndim: int, n_in: int, n_out: int) -> str:
+    value = " ".join(f"d{d}" for d in range(ndim))
+    return ", ".join([value] * n_in) + " -> " + ", ".join([value] * n_out)
+
+
+def _per_element_partitioned(fn: Callable[..., Any], *args: jax.Array) -> Any:
+    shape = args[0].shape
+    if jax.device_count() == 1 or any(a.shape != shape for a in args):
+        return tuple(_typed_like(y, args[0]) for y in fn(*args))
+    n_out = len(jax.eval_shape(fn, *args))
+
+    @custom_partitioning
+    def call(*xs: jax.Array) -> tuple[jax.Array, ...]:
+        return tuple(_typed_like(y, xs[0]) for y in fn(*xs))
+
+    def sharding(mesh: Any, arg_shapes: Any) -> Any:
+        s = _operand_sharding(mesh, arg_shapes[0])
+        # Unnamed (no mesh) and sharded: replicate rather than raise, which
+        # would abort the process inside XLA's compiler.
+        return s if isinstance(s, NamedSharding) else _replicated_like(s)
+
+    def partition(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
+        s = sharding(mesh, arg_shapes)
+        return mesh, fn, (s,) * n_out, (s,) * len(arg_shapes)
+
+    def infer(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
+        return (sharding(mesh, arg_shapes),) * n_out
+
+    call.def_partition(
+        partition=partition,
+        infer_sharding_from_operands=infer,
+        sharding_rule=_elementwise_rule(len(shape), len(args), n_out),
+    )
+    return call(*args)
+
+
+def per_element(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` (arrays of one shape -> a tuple of arrays of that shape, each
+    element computed from the same element of the operands alone) run on each
+    device's shard, every operand and result sharded like the first."""
+
+    @jax.custom_batching.custom_vmap
+    def call(*args: jax.Array) -> Any:
+        return _per_element_partitioned(fn, *args)
+
+    @call.def_vmap
+    def _batched(axis_size: int, in_batched: Any, *args: jax.Array) -> Any:
+        full = [
+            a if b else jnp.broadcast_to(a, (axis_size, *a.shape))
+            for a, b in zip(args, in_batched, strict=True)
+        ]
+        out = call(*full)
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    return call  # type: ignore[no-any-return]
