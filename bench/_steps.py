@@ -39,19 +39,16 @@ def plain(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
     return (params, opt.init(params)), step
 
 
-def ours(backend: str, **options: Any) -> Builder:
+def ours(backend: str, drop_overflow_update: bool = True, **options: Any) -> Builder:
     """`jax_amp_scale.optax.loss_scaled` with `backend`, skipping overflowed
-    steps; `options` (other `loss_scaled` arguments) override that."""
+    steps unless told otherwise; `options` are other `loss_scaled` arguments."""
 
     def build(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
         import jax_amp_scale as jas
         from jax_amp_scale import optax as jas_optax
 
-        tx = jas_optax.loss_scaled(
-            opt,
-            scale=jas.init_scale_state(INIT_SCALE),
-            **{"drop_overflow_update": True, "backend": backend, **options},
-        )
+        scaler = jas.dynamic_scaler(INIT_SCALE, drop_overflow_update=drop_overflow_update)
+        tx = jas_optax.loss_scaled(opt, scaler, **{"backend": backend, **options})
 
         def step(carry, batch):
             params, opt_state = carry

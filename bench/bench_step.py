@@ -3,12 +3,14 @@
 An MLP of about 4.2M parameters (4 dense layers 1024x1024 with biases),
 batch 256, float32 master weights cast to the compute dtype for the matmuls
 (float16, and float32: one table each, --compute), a float32
-mean-squared-error loss and SGD with momentum.  Every candidate runs the same
+mean-squared-error loss and SGD with momentum (or adam: --optimizer adam).  Every candidate runs the same
 model and optimizer; each is reported as a ratio to the plain step (no
 scaling), from repetitions interleaved in this one process.
 
     python bench/bench_step.py            # full size
     python bench/bench_step.py --tiny     # smoke: tiny MLP, one repetition
+    python bench/bench_step.py --compute float32 --optimizer adam \
+        --only "ours loss_scaled[auto]" --reps 150   # issue 25's ratio
 """
 
 from __future__ import annotations
@@ -57,7 +59,20 @@ def n_params(params) -> int:
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
 
 
-def build(width: int, depth: int, batch: int, steps: dict[str, _steps.Builder], compute):
+OPTIMIZERS = {
+    "sgd": lambda: optax.sgd(1e-3, momentum=0.9),
+    "adam": lambda: optax.adam(1e-3),
+}
+
+
+def build(
+    width: int,
+    depth: int,
+    batch: int,
+    steps: dict[str, _steps.Builder],
+    compute,
+    optimizer: str = "sgd",
+):
     """name -> (jitted step, initial carry), plus the batch and the param count."""
     kp, kx, ky = jax.random.split(jax.random.PRNGKey(0), 3)
     params = init_mlp(kp, width, depth)
@@ -65,7 +80,7 @@ def build(width: int, depth: int, batch: int, steps: dict[str, _steps.Builder], 
         jax.random.normal(kx, (batch, width), jnp.float32),
         jax.random.normal(ky, (batch, width), jnp.float32),
     )
-    opt = optax.sgd(1e-3, momentum=0.9)
+    opt = OPTIMIZERS[optimizer]()
     built = {}
     for name, builder in steps.items():
         carry, step = builder(mlp_loss(compute), params, opt)
@@ -88,17 +103,26 @@ def runner(step, carry, data):
     return run
 
 
-def run_table(width, depth, batch, reps, warmup, backends, why, compute: str) -> _harness.Table:
-    """Every candidate's step with `compute` matmuls, interleaved."""
+def run_table(
+    width, depth, batch, reps, warmup, backends, why, compute: str, optimizer="sgd", only=None
+) -> _harness.Table:
+    """Every candidate's step (or `only` these and plain) with `compute` matmuls, interleaved."""
     notes = [] if why is None else [f"our candidates not measured: {why}"]
-    built, data, count = build(width, depth, batch, _steps.candidates(backends), jnp.dtype(compute))
+    cands = _steps.candidates(backends)
+    if only:
+        unknown = sorted(set(only) - set(cands))
+        if unknown:
+            raise SystemExit(f"--only: unknown candidates {unknown}; known: {sorted(cands)}")
+        cands = {k: v for k, v in cands.items() if k == "plain" or k in only}
+    built, data, count = build(width, depth, batch, cands, jnp.dtype(compute), optimizer)
     cands = {name: runner(step, carry, data) for name, (step, carry) in built.items()}
     rows = _harness.measure(cands, baseline="plain", reps=reps, warmup=warmup)
     base = rows[0].median
     overhead = {r.name: f"{(r.median - base) * 1e3:+.2f}" for r in rows}
     notes.append(
         f"{count / 1e6:.2f}M parameters ({depth} x dense {width}x{width} + bias), batch {batch}, "
-        f"{compute} compute, float32 master weights, optax.sgd(1e-3, momentum=0.9); "
+        f"{compute} compute, float32 master weights, "
+        f"{'optax.adam(1e-3)' if optimizer == 'adam' else 'optax.sgd(1e-3, momentum=0.9)'}; "
         "each step jitted, carry threaded, blocked on."
     )
     notes.append(
@@ -126,6 +150,12 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         choices=["float16", "float32"],
         help="compute dtypes, one table each (default float16 float32)",
     )
+    p.add_argument(
+        "--optimizer", default="sgd", choices=sorted(OPTIMIZERS), help="default sgd (momentum)"
+    )
+    p.add_argument(
+        "--only", nargs="+", metavar="NAME", help="measure plain and these candidates only"
+    )
     args = p.parse_args(argv)
     width, depth, batch = (32, 2, 8) if args.tiny else (1024, 4, 256)
     reps, warmup = (1, 1) if args.tiny else (args.reps, args.warmup)
@@ -134,7 +164,11 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
     backends = _steps.backends() if why is None else ()
     tables = []
     for compute in args.compute:
-        tables.append(run_table(width, depth, batch, reps, warmup, backends, why, compute))
+        tables.append(
+            run_table(
+                width, depth, batch, reps, warmup, backends, why, compute, args.optimizer, args.only
+            )
+        )
     _harness.finish(args, tables)
     return tables
 

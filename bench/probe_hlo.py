@@ -154,9 +154,9 @@ PARTS = {
     "plain step": _steps.plain,
     "+ unscale_and_check (fused pass)": unscale_only,
     "+ update_scale and the state's counters": _steps.ours(
-        "auto", drop_overflow_update=False, overflow_callbacks=False
+        "auto", drop_overflow_update=False, host_callbacks=False
     ),
-    "+ the skip (a select per leaf)": _steps.ours("auto", overflow_callbacks=False),
+    "+ the skip (one lax.cond)": _steps.ours("auto", host_callbacks=False),
     "+ the overflow report (loss_scaled's default)": _steps.ours("auto"),
 }
 

@@ -1,16 +1,36 @@
 // The XLA FFI target names of jax_amp_scale's custom calls, spelled once.
-// Every native module exports them (UPDATE_SCALE_TARGET,
+//
+// Each name carries the version of its operand and attribute set: a
+// serialized program (jax.export) names the target it calls, so a change to
+// what a target takes gets a new name, and every older name stays
+// registered with a handler for its own set.  The current names are what the
+// library emits; the others exist only for artifacts made by older
+// releases (tests/fixtures/ holds one that every release must run).
+//
+// Every native module exports the current names (UPDATE_SCALE_TARGET,
 // UNSCALE_AND_CHECK_TARGET; capsule_module.h) and keys registrations() by
-// them, so Python reads the names instead of spelling them again.
+// every name it serves, so Python reads the names instead of spelling them.
 #ifndef JAX_AMP_SCALE_FFI_TARGETS_H_
 #define JAX_AMP_SCALE_FFI_TARGETS_H_
 
 namespace jas {
 
-// Update-scale (aclnnAmpUpdateScale's rule): every platform's handler.
-inline constexpr char kUpdateScaleTarget[] = "jas_update_scale";
-// The fused unscale-and-check pass over the gradient leaves (CPU).
-inline constexpr char kUnscaleAndCheckTarget[] = "jas_unscale_and_check";
+// Update-scale, v2: current_scale, growth_tracker, found_inf -> updated
+// scale and tracker (aliased); attributes growth_factor, backoff_factor,
+// growth_interval and rule ("torch" or "cann").
+inline constexpr char kUpdateScaleTarget[] = "jas_update_scale_v2";
+// The fused unscale-and-check pass, v1: inv_scale (float32, one element,
+// subnormal allowed) and the leaves -> found_inf (bool) and the unscaled
+// leaves (aliased).  No attributes.
+inline constexpr char kUnscaleAndCheckTarget[] = "jas_unscale_and_check_v1";
+
+// Older sets, still served.
+// Update-scale v1: v2 without "rule" (torch's rule).
+inline constexpr char kUpdateScaleTargetV1[] = "jas_update_scale_v1";
+// The unversioned names of the releases before versioning: update-scale
+// with v1's or v2's attributes, and the unscale-and-check v1 set.
+inline constexpr char kLegacyUpdateScaleTarget[] = "jas_update_scale";
+inline constexpr char kLegacyUnscaleAndCheckTarget[] = "jas_unscale_and_check";
 
 }  // namespace jas
 

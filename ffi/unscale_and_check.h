@@ -9,6 +9,16 @@
 //   float64 leaf:            y = x * double(inv_scale)
 //   found |= !isfinite(y)    (the check reads the unscaled, rounded value)
 //
+// inv_scale may be a float32 subnormal (torch's inverse of a scale above
+// 2**126), which denormals-are-zero would read as 0.  SplitInverse turns it
+// into two factors, m normal and post a power of two, and every loop
+// computes (x * m) * post: the first product rounds exactly as x * inv_scale
+// (m = inv_scale * 2**64 only moves the exponent) and the second is exact
+// unless the result is below the normal range, where both flush to a signed
+// zero.  For a normal inv_scale post is 1.0 and (x * m) * 1.0 == x * m, NaN
+// payloads included.  The reference (jax_amp_scale/reference/inverse.py)
+// splits it the same way.
+//
 // NaN results keep their sign; float16 and float32/64 keep the top payload
 // bits (made quiet), bfloat16 gets the canonical quiet NaN, as XLA:CPU.
 //
@@ -129,6 +139,25 @@ inline uint16_t FloatToBFloat16(float f) {
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+// inv_scale as (m, post): inv_scale == m * post exactly, m never subnormal.
+struct InverseFactors {
+  float m;
+  float post;
+};
+
+// The power of two a subnormal inverse is lifted by (reference/inverse.py's
+// SUBNORMAL_SHIFT).
+constexpr int kSubnormalShift = 64;
+
+inline InverseFactors SplitInverse(float inv) {
+  const uint32_t u = F32Bits(inv);
+  const uint32_t mant = u & 0x7fffffu;
+  if ((u & 0x7f800000u) != 0 || mant == 0) return {inv, 1.0f};
+  // mant * 2^-149 * 2^64 = mant * 2^-85: exact, normal.
+  const float lifted = static_cast<float>(mant) * 0x1p-85f;
+  return {F32FromBits(F32Bits(lifted) | (u & 0x80000000u)), 0x1p-64f};
+}
+
 // Applies `f` (value -> unscaled value) to `n` elements and ORs `bad`
 // (unscaled value -> 1 if inf or NaN, else 0) over the results.  Written
 // without early exits, branches on the data or stores other than `out`, so
@@ -157,9 +186,10 @@ inline bool UnscaleLoop(const T* in, T* out, int64_t n, F f, B bad) {
   return any != 0;
 }
 
-inline bool UnscaleF32Portable(const float* in, float* out, int64_t n, float inv) {
+inline bool UnscaleF32Portable(const float* in, float* out, int64_t n, float inv,
+                               float post) {
   return UnscaleLoop(
-      in, out, n, [inv](float x) { return x * inv; },
+      in, out, n, [inv, post](float x) { return (x * inv) * post; },
       [](float y) {
         return static_cast<uint32_t>((F32Bits(y) & 0x7f800000u) == 0x7f800000u);
       });
@@ -176,10 +206,11 @@ constexpr int64_t kPrefetchBytes = 2048;
 
 // 16 float32 elements (one 64-byte line): unscale, store, OR the check in.
 __attribute__((target("avx2"))) inline void UnscaleF32Line(const float* in, float* out,
-                                                           __m256 vinv, __m256i& any) {
+                                                           __m256 vinv, __m256 vpost,
+                                                           __m256i& any) {
   const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
-  const __m256 a = _mm256_mul_ps(_mm256_loadu_ps(in), vinv);
-  const __m256 b = _mm256_mul_ps(_mm256_loadu_ps(in + 8), vinv);
+  const __m256 a = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(in), vinv), vpost);
+  const __m256 b = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(in + 8), vinv), vpost);
   _mm256_storeu_ps(out, a);
   _mm256_storeu_ps(out + 8, b);
   const __m256i ea = _mm256_and_si256(_mm256_castps_si256(a), exp_mask);
@@ -193,18 +224,19 @@ __attribute__((target("avx2"))) inline void UnscaleF32Line(const float* in, floa
 // negation moves per second on one core.  Same multiply (the thread's flush
 // modes apply to mulps and vmulps alike), same check on the result's bits.
 __attribute__((target("avx2"))) inline bool UnscaleF32Avx2(const float* in, float* out,
-                                                          int64_t n, float inv) {
+                                                          int64_t n, float inv, float post) {
   const __m256 vinv = _mm256_set1_ps(inv);
+  const __m256 vpost = _mm256_set1_ps(post);
   __m256i any = _mm256_setzero_si256();
   constexpr int64_t ahead = kPrefetchBytes / sizeof(float);
   int64_t i = 0;
   for (; i + 16 + ahead <= n; i += 16) {
     _mm_prefetch(reinterpret_cast<const char*>(in + i + ahead), _MM_HINT_T0);
-    UnscaleF32Line(in + i, out + i, vinv, any);
+    UnscaleF32Line(in + i, out + i, vinv, vpost, any);
   }
-  for (; i + 16 <= n; i += 16) UnscaleF32Line(in + i, out + i, vinv, any);
+  for (; i + 16 <= n; i += 16) UnscaleF32Line(in + i, out + i, vinv, vpost, any);
   bool bad = _mm256_movemask_epi8(any) != 0;
-  if (i < n) bad |= UnscaleF32Portable(in + i, out + i, n - i, inv);
+  if (i < n) bad |= UnscaleF32Portable(in + i, out + i, n - i, inv, post);
   return bad;
 }
 
@@ -214,16 +246,16 @@ inline bool HaveAvx2() {
 }
 #endif
 
-inline bool UnscaleF32(const float* in, float* out, int64_t n, float inv) {
+inline bool UnscaleF32(const float* in, float* out, int64_t n, float inv, float post) {
 #ifdef JAS_HAVE_F16C_PATH
-  if (HaveAvx2()) return UnscaleF32Avx2(in, out, n, inv);
+  if (HaveAvx2()) return UnscaleF32Avx2(in, out, n, inv, post);
 #endif
-  return UnscaleF32Portable(in, out, n, inv);
+  return UnscaleF32Portable(in, out, n, inv, post);
 }
 
-inline bool UnscaleF64(const double* in, double* out, int64_t n, double inv) {
+inline bool UnscaleF64(const double* in, double* out, int64_t n, double inv, double post) {
   return UnscaleLoop(
-      in, out, n, [inv](double x) { return x * inv; },
+      in, out, n, [inv, post](double x) { return (x * inv) * post; },
       [](double y) {
         uint64_t bits;
         std::memcpy(&bits, &y, sizeof(bits));
@@ -234,9 +266,11 @@ inline bool UnscaleF64(const double* in, double* out, int64_t n, double inv) {
 
 // The portable float16 loop (the conversions above, vectorised with SSE2:
 // about 2 ns an element, compute-bound).
-inline bool UnscaleF16Portable(const uint16_t* in, uint16_t* out, int64_t n, float inv) {
+inline bool UnscaleF16Portable(const uint16_t* in, uint16_t* out, int64_t n, float inv,
+                               float post) {
   return UnscaleLoop(
-      in, out, n, [inv](uint16_t x) { return FloatToHalf(HalfToFloat(x) * inv); },
+      in, out, n,
+      [inv, post](uint16_t x) { return FloatToHalf((HalfToFloat(x) * inv) * post); },
       [](uint16_t y) { return static_cast<uint32_t>((y & 0x7c00u) == 0x7c00u); });
 }
 
@@ -244,11 +278,11 @@ inline bool UnscaleF16Portable(const uint16_t* in, uint16_t* out, int64_t n, flo
 // 32 float16 elements (one 64-byte line), 8 per conversion.
 __attribute__((target("avx,f16c"))) inline void UnscaleF16Line(const uint16_t* in,
                                                                uint16_t* out, __m256 vinv,
-                                                               __m128i& any) {
+                                                               __m256 vpost, __m128i& any) {
   const __m128i exp_mask = _mm_set1_epi16(0x7c00);
   for (int k = 0; k < 32; k += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + k));
-    const __m256 y = _mm256_mul_ps(_mm256_cvtph_ps(h), vinv);
+    const __m256 y = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(h), vinv), vpost);
     const __m128i r = _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), r);
     any = _mm_or_si128(any, _mm_cmpeq_epi16(_mm_and_si128(r, exp_mask), exp_mask));
@@ -265,16 +299,17 @@ __attribute__((target("avx,f16c"))) inline void UnscaleF16Line(const uint16_t* i
 // flush-to-zero, and keeps a NaN's sign and top payload bits, made quiet.
 __attribute__((target("avx,f16c"))) inline bool UnscaleF16F16c(const uint16_t* in,
                                                               uint16_t* out, int64_t n,
-                                                              float inv) {
+                                                              float inv, float post) {
   const __m256 vinv = _mm256_set1_ps(inv);
+  const __m256 vpost = _mm256_set1_ps(post);
   __m128i any = _mm_setzero_si128();
   constexpr int64_t ahead = kPrefetchBytes / sizeof(uint16_t);
   int64_t i = 0;
   for (; i + 32 + ahead <= n; i += 32) {
     _mm_prefetch(reinterpret_cast<const char*>(in + i + ahead), _MM_HINT_T0);
-    UnscaleF16Line(in + i, out + i, vinv, any);
+    UnscaleF16Line(in + i, out + i, vinv, vpost, any);
   }
-  for (; i + 32 <= n; i += 32) UnscaleF16Line(in + i, out + i, vinv, any);
+  for (; i + 32 <= n; i += 32) UnscaleF16Line(in + i, out + i, vinv, vpost, any);
   if (i < n) {
     // The last 1-31 elements through the same conversions, on a copy padded
     // with repeats of the first of them (so the padding adds no flag).  The
@@ -282,7 +317,7 @@ __attribute__((target("avx,f16c"))) inline bool UnscaleF16F16c(const uint16_t* i
     // 10,000 leaves of 13,400 elements 8-10% slower (one thread).
     uint16_t line[32];
     for (int64_t k = 0; k < 32; ++k) line[k] = in[i + (i + k < n ? k : 0)];
-    UnscaleF16Line(line, line, vinv, any);
+    UnscaleF16Line(line, line, vinv, vpost, any);
     std::memcpy(out + i, line, static_cast<size_t>(n - i) * sizeof(uint16_t));
   }
   return _mm_movemask_epi8(any) != 0;
@@ -294,16 +329,18 @@ inline bool HaveF16c() {
 }
 #endif
 
-inline bool UnscaleF16(const uint16_t* in, uint16_t* out, int64_t n, float inv) {
+inline bool UnscaleF16(const uint16_t* in, uint16_t* out, int64_t n, float inv, float post) {
 #ifdef JAS_HAVE_F16C_PATH
-  if (HaveF16c()) return UnscaleF16F16c(in, out, n, inv);
+  if (HaveF16c()) return UnscaleF16F16c(in, out, n, inv, post);
 #endif
-  return UnscaleF16Portable(in, out, n, inv);
+  return UnscaleF16Portable(in, out, n, inv, post);
 }
 
-inline bool UnscaleBF16Portable(const uint16_t* in, uint16_t* out, int64_t n, float inv) {
+inline bool UnscaleBF16Portable(const uint16_t* in, uint16_t* out, int64_t n, float inv,
+                                float post) {
   return UnscaleLoop(
-      in, out, n, [inv](uint16_t x) { return FloatToBFloat16(BFloat16ToFloat(x) * inv); },
+      in, out, n,
+      [inv, post](uint16_t x) { return FloatToBFloat16((BFloat16ToFloat(x) * inv) * post); },
       [](uint16_t y) { return static_cast<uint32_t>((y & 0x7f80u) == 0x7f80u); });
 }
 
@@ -329,13 +366,16 @@ __attribute__((target("avx2"))) inline __m256i RoundToBFloat16(__m256 y) {
 // unpacking with zeros within each 128-bit lane, and packing back the same
 // way, keeps the elements in order.
 __attribute__((target("avx2"))) inline void UnscaleBF16Line(const uint16_t* in, uint16_t* out,
-                                                            __m256 vinv, __m256i& any) {
+                                                            __m256 vinv, __m256 vpost,
+                                                            __m256i& any) {
   const __m256i zero = _mm256_setzero_si256();
   const __m256i exp_mask = _mm256_set1_epi16(0x7f80);
   for (int k = 0; k < 32; k += 16) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + k));
-    const __m256 lo = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, h)), vinv);
-    const __m256 hi = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, h)), vinv);
+    const __m256 lo = _mm256_mul_ps(
+        _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, h)), vinv), vpost);
+    const __m256 hi = _mm256_mul_ps(
+        _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, h)), vinv), vpost);
     // Values fit in 16 bits, so the saturating pack is exact.
     const __m256i r = _mm256_packus_epi32(RoundToBFloat16(lo), RoundToBFloat16(hi));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), r);
@@ -347,27 +387,28 @@ __attribute__((target("avx2"))) inline void UnscaleBF16Line(const uint16_t* in, 
 // the portable loop (every bfloat16 pattern: tests/native/f16_test.cc);
 // the multiply runs under the same flush modes.
 __attribute__((target("avx2"))) inline bool UnscaleBF16Avx2(const uint16_t* in, uint16_t* out,
-                                                           int64_t n, float inv) {
+                                                           int64_t n, float inv, float post) {
   const __m256 vinv = _mm256_set1_ps(inv);
+  const __m256 vpost = _mm256_set1_ps(post);
   __m256i any = _mm256_setzero_si256();
   constexpr int64_t ahead = kPrefetchBytes / sizeof(uint16_t);
   int64_t i = 0;
   for (; i + 32 + ahead <= n; i += 32) {
     _mm_prefetch(reinterpret_cast<const char*>(in + i + ahead), _MM_HINT_T0);
-    UnscaleBF16Line(in + i, out + i, vinv, any);
+    UnscaleBF16Line(in + i, out + i, vinv, vpost, any);
   }
-  for (; i + 32 <= n; i += 32) UnscaleBF16Line(in + i, out + i, vinv, any);
+  for (; i + 32 <= n; i += 32) UnscaleBF16Line(in + i, out + i, vinv, vpost, any);
   bool bad = _mm256_movemask_epi8(any) != 0;
-  if (i < n) bad |= UnscaleBF16Portable(in + i, out + i, n - i, inv);
+  if (i < n) bad |= UnscaleBF16Portable(in + i, out + i, n - i, inv, post);
   return bad;
 }
 #endif
 
-inline bool UnscaleBF16(const uint16_t* in, uint16_t* out, int64_t n, float inv) {
+inline bool UnscaleBF16(const uint16_t* in, uint16_t* out, int64_t n, float inv, float post) {
 #ifdef JAS_HAVE_F16C_PATH
-  if (HaveAvx2()) return UnscaleBF16Avx2(in, out, n, inv);
+  if (HaveAvx2()) return UnscaleBF16Avx2(in, out, n, inv, post);
 #endif
-  return UnscaleBF16Portable(in, out, n, inv);
+  return UnscaleBF16Portable(in, out, n, inv, post);
 }
 
 }  // namespace jas

@@ -63,21 +63,21 @@ struct Chunk {
   int64_t count;
 };
 
-bool UnscaleChunk(const Chunk& c, float inv) {
+bool UnscaleChunk(const Chunk& c, InverseFactors inv) {
   switch (c.dtype) {
     case ffi::DataType::F32:
       return UnscaleF32(static_cast<const float*>(c.in) + c.begin,
-                        static_cast<float*>(c.out) + c.begin, c.count, inv);
+                        static_cast<float*>(c.out) + c.begin, c.count, inv.m, inv.post);
     case ffi::DataType::F64:
       return UnscaleF64(static_cast<const double*>(c.in) + c.begin,
                         static_cast<double*>(c.out) + c.begin, c.count,
-                        static_cast<double>(inv));
+                        static_cast<double>(inv.m), static_cast<double>(inv.post));
     case ffi::DataType::F16:
       return UnscaleF16(static_cast<const uint16_t*>(c.in) + c.begin,
-                        static_cast<uint16_t*>(c.out) + c.begin, c.count, inv);
+                        static_cast<uint16_t*>(c.out) + c.begin, c.count, inv.m, inv.post);
     default:  // BF16: CheckUnscaleCall admitted nothing else
       return UnscaleBF16(static_cast<const uint16_t*>(c.in) + c.begin,
-                         static_cast<uint16_t*>(c.out) + c.begin, c.count, inv);
+                         static_cast<uint16_t*>(c.out) + c.begin, c.count, inv.m, inv.post);
   }
 }
 
@@ -86,7 +86,7 @@ bool UnscaleChunk(const Chunk& c, float inv) {
 // still finds it alive, claims nothing and leaves.
 struct Work {
   std::vector<Chunk> chunks;
-  float inv = 1.0f;
+  InverseFactors inv{1.0f, 1.0f};
   std::atomic<size_t> next{0};
   std::atomic<bool> bad{false};
   std::mutex mu;
@@ -122,7 +122,9 @@ ffi::Error UnscaleAndCheckCpu(ffi::AnyBuffer inv_scale, ffi::RemainingArgs leave
   if (checked.failure()) return checked;
 
   auto work = std::make_shared<Work>();
-  work->inv = *static_cast<const float*>(inv_scale.untyped_data());
+  // Split by bits: a subnormal inverse (a scale above 2**126) is lifted into
+  // the normal range before any arithmetic reads it (unscale_and_check.h).
+  work->inv = SplitInverse(*static_cast<const float*>(inv_scale.untyped_data()));
   int64_t total = 0;
   for (size_t k = 0; k < leaves.size(); ++k) {
     ffi::AnyBuffer in = *leaves.get<ffi::AnyBuffer>(k);

@@ -1,10 +1,13 @@
-"""jax-amp-scale: dynamic loss scaling for JAX mixed-precision training."""
+"""jax-amp-scale: dynamic loss scaling for JAX mixed-precision training.
 
-import importlib
-from typing import Any
+The names below are the whole top-level surface (``__all__``; ``dir()``
+shows nothing else).  The optax wrapper and its pieces live in
+`jax_amp_scale.optax`; precision levels in `jax_amp_scale.policy`; torch and
+checkpoint interop in `jax_amp_scale.interop`; plugin registration in
+`jax_amp_scale.plugin`.
+"""
 
-# The public surface, re-exported; nothing is defined here, and importing
-# registers nothing (native handlers load at the first trace that needs them).
+from jax_amp_scale._deprecated import getattr_with_aliases as _getattr_with_aliases
 from jax_amp_scale._version import __version__ as __version__
 from jax_amp_scale.dispatch.backends import auto_backend, available_backends
 from jax_amp_scale.ops.update_scale import amp_update_scale, update_scale
@@ -13,7 +16,6 @@ from jax_amp_scale.training.helpers import (
     all_finite,
     clip_by_global_norm,
     find_scale_state,
-    global_norm,
     nonfinite_leaves,
     nonfinite_paths,
     scale_loss,
@@ -21,45 +23,39 @@ from jax_amp_scale.training.helpers import (
     unscale_and_check,
     value_and_grad,
 )
-from jax_amp_scale.training.loss_scale_kinds import (
-    DynamicScale,
-    LossScale,
-    NoOpScale,
-    StaticScale,
-    as_loss_scale,
-    dynamic_scale,
-    no_op_scale,
-    static_scale,
+from jax_amp_scale.training.policy import Policy, get_policy
+from jax_amp_scale.training.scalers import (
+    DynamicScaler,
+    NoOpScaler,
+    Scaler,
+    StaticScaler,
+    dynamic_scaler,
+    no_op_scaler,
+    static_scaler,
 )
-from jax_amp_scale.training.policy import Policy, get_policy, loss_scale_for
 
 __all__ = [
-    # training layer
-    "DynamicScale",
-    "LossScale",
-    "NoOpScale",
+    "DynamicScaler",
+    "NoOpScaler",
     "Policy",
-    # core
     "ScaleState",
-    "StaticScale",
+    "Scaler",
+    "StaticScaler",
     "Trainer",
     "all_finite",
     "amp_update_scale",
-    "as_loss_scale",
     "auto_backend",
     "available_backends",
     "clip_by_global_norm",
-    "dynamic_scale",
+    "dynamic_scaler",
     "find_scale_state",
     "get_policy",
-    "global_norm",
     "init_scale_state",
-    "loss_scale_for",
-    "no_op_scale",
+    "no_op_scaler",
     "nonfinite_leaves",
     "nonfinite_paths",
     "scale_loss",
-    "static_scale",
+    "static_scaler",
     "unscale",
     "unscale_and_check",
     "update_scale",
@@ -67,12 +63,11 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # Trainer needs optax, an optional extra; the submodules load on first use.
-    if name == "Trainer":
-        from jax_amp_scale.training.trainer import Trainer
+def __getattr__(name: str) -> object:
+    # Trainer needs optax (an optional extra), the public submodules load on
+    # first use, and the old names warn (jax_amp_scale._deprecated).
+    return _getattr_with_aliases(name)
 
-        return Trainer
-    if name in ("optax", "plugin", "interop", "policy"):
-        return importlib.import_module(f"jax_amp_scale.{name}")
-    raise AttributeError(f"module 'jax_amp_scale' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted([*__all__, "__version__"])

@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover - exercised by hand without the extra
     sys.exit("the demo needs optax: pip install 'jax-amp-scale[demo]'")
 
 import jax_amp_scale as jas
-from jax_amp_scale.policy import LEVELS, Policy, get_policy, loss_scale_for
+from jax_amp_scale.policy import LEVELS, Policy, get_policy, scaler_for
 from jax_amp_scale.training.trainer import Trainer
 
 DIM, HIDDEN, CLASSES = 32, 128, 8
@@ -112,16 +112,16 @@ def loss_fn(params: dict[str, Any], batch: dict[str, jax.Array]) -> jax.Array:
 def make_scale(kind: str, level: str, growth_interval: int) -> Any:
     """The scale kind for the ``--scale`` flag (``auto``: what the level pairs with)."""
     if kind == "auto":
-        auto = loss_scale_for(level)
-        if isinstance(auto, jas.DynamicScale):
-            return jas.dynamic_scale(growth_interval=growth_interval)
+        auto = scaler_for(level)
+        if isinstance(auto, jas.DynamicScaler):
+            return jas.dynamic_scaler(growth_interval=growth_interval)
         return auto
     if kind == "dynamic":
-        return jas.dynamic_scale(growth_interval=growth_interval)
+        return jas.dynamic_scaler(growth_interval=growth_interval)
     if kind == "static":
-        return jas.static_scale(1024.0)
+        return jas.static_scaler(1024.0)
     if kind == "none":
-        return jas.no_op_scale()
+        return jas.no_op_scaler()
     raise ValueError(f"scale must be one of auto, dynamic, static, none; got {kind!r}")
 
 
@@ -240,7 +240,7 @@ def train(
         scale=np.array([h["scale"] for h in hist], np.float32),
         skipped=np.array([h["skipped"] for h in hist], bool),
         reason=np.array([h["reason"] for h in hist], np.int32),
-        growth_interval=growth_interval if isinstance(kind, jas.DynamicScale) else None,
+        growth_interval=growth_interval if isinstance(kind, jas.DynamicScaler) else None,
         params=params,
         opt_state=state,
         eval_loss=eval_loss,

@@ -1,4 +1,11 @@
-"""optax integration (``pip install "jax-amp-scale[optax]"``): `loss_scaled`."""
+"""optax integration (``pip install "jax-amp-scale[optax]"``).
+
+The core: `loss_scaled(inner, scaler)` and its state `LossScaledState`.
+Pieces that compose with it: `accumulate_gradients` (outside: torch
+``GradScaler``'s accumulation), `clip_grad_norm` (inside: clipping after
+unscaling), `optimizer_step` (torch's ``scaler.step(opt)`` for a hand-written
+loop), `get_loss_scaled_state`, and `SkipReason` (`Trainer`'s metric).
+"""
 
 from jax_amp_scale.training.optax import (
     LossScaledState,
@@ -7,10 +14,20 @@ from jax_amp_scale.training.optax import (
     loss_scaled,
     optimizer_step,
 )
+from jax_amp_scale.training.pieces import (
+    AccumulationState,
+    ClipGradNormState,
+    accumulate_gradients,
+    clip_grad_norm,
+)
 
 __all__ = [
+    "AccumulationState",
+    "ClipGradNormState",
     "LossScaledState",
     "SkipReason",
+    "accumulate_gradients",
+    "clip_grad_norm",
     "get_loss_scaled_state",
     "loss_scaled",
     "optimizer_step",

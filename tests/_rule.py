@@ -44,7 +44,7 @@ def rule(scale, tracker: int, found_inf, growth_factor, backoff_factor, growth_i
 
 
 def dynamic_kind_rule(seq, *, init, gf, bf, gi, lo, hi, hyst):
-    """The DynamicScale docstring's pseudo-code in Python floats.
+    """The DynamicScaler docstring's pseudo-code in Python floats.
 
     With factors 2.0/0.5 and power-of-two scales every product is exact, so
     Python's float64 arithmetic is the float32 rule's oracle here.

@@ -48,7 +48,7 @@ def export_for(fn, platforms, *args):
     """`jax.export` of `fn` for `platforms`, our custom calls allowed in dead branches."""
     checks = [
         export.DisabledSafetyCheck.custom_call(t)
-        for t in ("jas_update_scale", "jas_unscale_and_check")
+        for t in ("jas_update_scale_v2", "jas_unscale_and_check_v1")
     ]
     return export.export(jax.jit(fn), platforms=platforms, disabled_checks=checks)(*args)
 

@@ -198,3 +198,30 @@ def test_the_double_refuses_what_the_tiling_refuses(double):
     assert status([(0, 4), (0, 0)]) == 561002
     assert status([(11, 4)]) == 161002  # float64: not an operator dtype
     assert double.stats()["live_tensors"] == 0
+
+
+@pytest.mark.parametrize("scale", [2.0**127, 1.7 * 2.0**127, 3 * 2.0**125])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])
+def test_a_subnormal_inverse_goes_to_the_operator_as_torch_npu_passes_it(cann, scale, dtype):
+    # Above 2**126 the inverse is a float32 subnormal (torch's and
+    # torch_npu's ``1 / float64(scale)``, built by its bits in
+    # reference/inverse.py): the lowering hands those bits to invScale
+    # unchanged.  The double multiplies in IEEE's default mode, as the
+    # device kernel sees its operand; its results equal the reference's
+    # wherever they are float32 normal numbers (float16 results underflow
+    # to zero in both).
+    from jax_amp_scale.reference.inverse import inverse_scale
+
+    rng = np.random.default_rng(3)
+    big = dtype != jnp.float16
+    leaves = []
+    for k in range(4):
+        v = rng.standard_normal(40).astype(np.float32) * np.float32(2.0**120 if big else 1.0)
+        v[k] = [np.inf, -np.inf, np.nan, 2.0**121 if big else 1.0][k]
+        leaves.append(jnp.asarray(v, dtype))
+    inv = inverse_scale(jnp.float32(scale))
+    got = _fused(inv, leaves)
+    _same(got, jax.jit(reference_pass)(inv, leaves))
+    assert bool(got[0])
+    (gws,) = [e for e in cann.log() if e["ev"] == "foreach_gws"]
+    assert gws["status"] == 0

@@ -35,7 +35,7 @@ def make():
         },
         "norm": {"scale": jnp.ones(3, jnp.float32)},
     }
-    kind = jas.dynamic_scale(
+    kind = jas.dynamic_scaler(
         2.0**8, growth_interval=3, min_scale=1.0, hysteresis=2, dtype=jnp.bfloat16
     )
     inner = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2))

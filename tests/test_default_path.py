@@ -54,16 +54,16 @@ def test_default_backend_is_native_here():
 
 def test_loss_scaled_with_defaults_is_the_rule_and_optax():
     tx = loss_scaled(
-        optax.sgd(LR, momentum=MOMENTUM), jas.dynamic_scale(INIT, growth_interval=INTERVAL)
+        optax.sgd(LR, momentum=MOMENTUM), jas.dynamic_scaler(INIT, growth_interval=INTERVAL)
     )
     params = {"w": jnp.ones((2,), jnp.float32)}
     state = tx.init(params)
     update = jax.jit(tx.update)
     for t, (g, want) in enumerate(zip(GRADS, _replay(), strict=True)):
-        updates, state = update(_scaled_grads(g, state.loss_scale), state, params)
+        updates, state = update(_scaled_grads(g, state.scale), state, params)
         params = optax.apply_updates(params, updates)
         scale, tracker, w, trace, skipped = want
-        assert np.asarray(state.loss_scale).tobytes() == np.float32(scale).tobytes(), t
+        assert np.asarray(state.scale).tobytes() == np.float32(scale).tobytes(), t
         assert int(state.scale_state.growth_tracker) == tracker, t
         np.testing.assert_array_equal(np.asarray(params["w"]), [w, w], err_msg=str(t))
         # The inner state (the momentum trace) is untouched on an overflow.
@@ -75,7 +75,7 @@ def test_loss_scaled_with_defaults_is_the_rule_and_optax():
 
 def test_trainer_with_defaults_is_the_rule_and_optax():
     trainer = jas.Trainer(
-        optax.sgd(LR, momentum=MOMENTUM), jas.dynamic_scale(INIT, growth_interval=INTERVAL)
+        optax.sgd(LR, momentum=MOMENTUM), jas.dynamic_scaler(INIT, growth_interval=INTERVAL)
     )
     params = {"w": jnp.ones((2,), jnp.float32)}
     state = trainer.init(params)
@@ -86,11 +86,11 @@ def test_trainer_with_defaults_is_the_rule_and_optax():
 
     for t, (g, want) in enumerate(zip(GRADS, _replay(), strict=True)):
         batch = jnp.array([jnp.inf, 1.0]) if g is None else jnp.full((2,), g, jnp.float32)
-        before = float(state.loss_scale)
+        before = float(state.scale)
         params, state, metrics = step(params, state, batch, loss_fn)
         scale, tracker, w, _, skipped = want
         assert float(metrics["scale"]) == before and bool(metrics["skipped"]) == (g is None)
-        assert float(state.loss_scale) == scale and int(state.scale_state.growth_tracker) == tracker
+        assert float(state.scale) == scale and int(state.scale_state.growth_tracker) == tracker
         np.testing.assert_array_equal(np.asarray(params["w"]), [w, w], err_msg=str(t))
         assert int(state.skipped_steps) == skipped
 

@@ -23,7 +23,7 @@ FOUND = [t in INJECT for t in range(STEPS)]
 # documented rules in plain Python), never from the library.
 KINDS = {
     "dynamic": (
-        jas.dynamic_scale(2.0**12, growth_interval=3),
+        jas.dynamic_scaler(2.0**12, growth_interval=3),
         [
             s
             for s, _, _ in dynamic_kind_rule(
@@ -32,7 +32,7 @@ KINDS = {
         ],
     ),
     "dynamic-hyst-min": (
-        jas.dynamic_scale(2.0**12, growth_interval=2, hysteresis=2, min_scale=2.0**10),
+        jas.dynamic_scaler(2.0**12, growth_interval=2, hysteresis=2, min_scale=2.0**10),
         [
             s
             for s, _, _ in dynamic_kind_rule(
@@ -40,8 +40,8 @@ KINDS = {
             )
         ],
     ),
-    "static": (jas.static_scale(512.0), [512.0] * STEPS),
-    "noop": (jas.no_op_scale(), [1.0] * STEPS),
+    "static": (jas.static_scaler(512.0), [512.0] * STEPS),
+    "noop": (jas.no_op_scaler(), [1.0] * STEPS),
 }
 
 
@@ -53,7 +53,7 @@ def test_injected_overflows_never_touch_params_or_inner_state(name):
     trainer = jas.Trainer(optax.adam(1e-3), kind, policy=jas.get_policy("O2"))
     state = trainer.init(params)
     step = jax.jit(trainer.step, static_argnums=3)
-    used = float(kind.loss_scale)
+    used = float(kind.scale)
     rng = np.random.default_rng(0)
     for t in range(STEPS):
         idx = rng.integers(0, len(x), 64)
@@ -68,7 +68,7 @@ def test_injected_overflows_never_touch_params_or_inner_state(name):
             assert bits(params) != before_p
         assert float(m["scale"]) == used  # the scale this step's loss was scaled by
         used = want_scales[t]
-        assert float(state.loss_scale) == used
+        assert float(state.scale) == used
     assert int(state.skipped_steps) == len(INJECT)
     assert int(state.total_steps) == STEPS
     assert int(state.inner_state[0].count) == STEPS - len(INJECT)
@@ -77,7 +77,7 @@ def test_injected_overflows_never_touch_params_or_inner_state(name):
 def test_scale_trajectory_is_the_core_rule():
     # Without options the dynamic kind is the core rule: replay the rule of
     # tests/_rule.py on the same found_inf sequence.
-    kind = jas.dynamic_scale(2.0**12, growth_interval=3)
+    kind = jas.dynamic_scaler(2.0**12, growth_interval=3)
     tx = jas.Trainer(optax.sgd(1e-3), kind)
     params = {"w": jnp.ones(4)}
     state = tx.init(params)
@@ -91,7 +91,7 @@ def test_scale_trajectory_is_the_core_rule():
         b = jnp.full(4, jnp.nan if t in INJECT else 1.0)
         params, state, _ = step(params, state, b, lf)
         core = rule(*core, t in INJECT, 2.0, 0.5, 3)
-        assert float(state.loss_scale) == float(core[0])
+        assert float(state.scale) == float(core[0])
         assert int(state.scale_state.growth_tracker) == core[1]
 
 

@@ -106,6 +106,6 @@ def test_float64_subnormal_under_x64(backend):
 
 
 def test_scale_kinds_and_loss_scaled_read_the_bits_too():
-    kind = jas.dynamic_scale(1024.0)
-    out = jax.jit(lambda k, f: k.adjust(f))(kind, jnp.float32(F32_SUB))
-    assert float(out.loss_scale) == 512.0
+    kind = jas.dynamic_scaler(1024.0)
+    out = jax.jit(lambda k, f: k.update(f))(kind, jnp.float32(F32_SUB))
+    assert float(out.scale) == 512.0

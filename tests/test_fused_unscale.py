@@ -129,7 +129,7 @@ def test_one_custom_call_per_group_of_leaves(n_leaves):
     text = _check("ffi").lower(tree, jnp.float32(2.0)).compile().as_text()
     entry = text[text.index("ENTRY") :]
     calls = -(-n_leaves // _fused.LEAVES_PER_CALL)
-    assert entry.count('custom_call_target="jas_unscale_and_check"') == calls
+    assert entry.count('custom_call_target="jas_unscale_and_check_v1"') == calls
     assert "reduce(" not in entry
     # An overflow in any group, the last one included, is found.
     for bad in (0, n_leaves - 1):
@@ -196,7 +196,7 @@ def test_loss_scaled_steps_equal_with_both_passes():
 
     def run(backend):
         tx = loss_scaled(
-            optax.adam(1e-2), jas.dynamic_scale(2.0**16, growth_interval=2), backend=backend
+            optax.adam(1e-2), jas.dynamic_scaler(2.0**16, growth_interval=2), backend=backend
         )
         state, p = tx.init(params), params
         update = jax.jit(tx.update)

@@ -49,7 +49,7 @@ def test_torch_export_import_then_both_step_equal():
 
 
 def test_jax_export_torch_import_then_both_step_equal():
-    kind = jas.dynamic_scale(2.0**12, 2.0, 0.25, 4)
+    kind = jas.dynamic_scaler(2.0**12, 2.0, 0.25, 4)
     state = jax_run(kind.scale_state, SEQ[:10])
     scaler = make_torch()
     scaler.load_state_dict(to_torch_state_dict(state))
@@ -64,7 +64,7 @@ def test_export_from_wrappers_and_tensor_values():
     optax = pytest.importorskip("optax")
     from jax_amp_scale.optax import loss_scaled
 
-    st = loss_scaled(optax.sgd(1.0), jas.dynamic_scale(8.0, growth_interval=5)).init(
+    st = loss_scaled(optax.sgd(1.0), jas.dynamic_scaler(8.0, growth_interval=5)).init(
         {"w": jnp.ones(1)}
     )
     sd = to_torch_state_dict(st)

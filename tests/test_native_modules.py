@@ -14,10 +14,13 @@ import pytest
 
 from jax_amp_scale.platforms import native
 
+# Older, still served versions of the targets (ffi/targets.h) each module
+# also hands out, for programs serialized by older releases.
+OLDER_CPU = {"jas_update_scale_v1", "jas_update_scale", "jas_unscale_and_check"}
 MODULES = {
-    "_native_cpu": {"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET"},
-    "_native_cuda": {"UPDATE_SCALE_TARGET"},
-    "_native_ascend": {"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET"},
+    "_native_cpu": ({"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET"}, OLDER_CPU),
+    "_native_cuda": ({"UPDATE_SCALE_TARGET"}, {"jas_update_scale_v1", "jas_update_scale"}),
+    "_native_ascend": ({"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET"}, set()),
     "_native_plugin": None,  # the PJRT registrar hands out no capsule
 }
 
@@ -28,15 +31,15 @@ def test_target_names_and_registrations(name):
         pytest.skip(f"{name} was not built here")
     mod = importlib.import_module(f"jax_amp_scale.{name}")
     # One spelling: the names the package registers are the modules' own.
-    assert mod.UPDATE_SCALE_TARGET == native.target("update_scale") == "jas_update_scale"
+    assert mod.UPDATE_SCALE_TARGET == native.target("update_scale") == "jas_update_scale_v2"
     assert native.target("unscale_and_check") == mod.UNSCALE_AND_CHECK_TARGET
-    assert native.target("unscale_and_check") == "jas_unscale_and_check"
-    attrs = MODULES[name]
-    if attrs is None:
+    assert native.target("unscale_and_check") == "jas_unscale_and_check_v1"
+    if MODULES[name] is None:
         assert not hasattr(mod, "registrations")
         return
+    attrs, older = MODULES[name]
     regs = mod.registrations()
-    assert set(regs) == {getattr(mod, a) for a in attrs}
+    assert set(regs) == {getattr(mod, a) for a in attrs} | older
     assert all(type(c).__name__ == "PyCapsule" for c in regs.values())
 
 

@@ -8,6 +8,7 @@ import pytest
 
 import jax_amp_scale as jas
 from jax_amp_scale.optax import LossScaledState, get_loss_scaled_state, loss_scaled
+from jax_amp_scale.training.scalers import as_scaler
 from tests._rule import rule
 
 OVERFLOW = {2, 3, 7}
@@ -39,14 +40,14 @@ def tree_equal(a, b):
 def run(inner, *, overflow=OVERFLOW, scale=None, extra=None):
     """Runs loss_scaled(inner) and the inner optimizer alone on the finite steps."""
     extra = extra or {}
-    tx = loss_scaled(inner, scale=scale)
+    tx = loss_scaled(inner, scale)
     p, ref_p = params0(), params0()
     st, ref_st = tx.init(p), inner.init(ref_p)
     upd = jax.jit(tx.update)
     ref_upd = jax.jit(inner.update)
     for t in range(STEPS):
         g = grads_at(t)
-        s = st.loss_scale
+        s = st.scale
         sg = jax.tree_util.tree_map(lambda x, s=s: x * s, g)
         if t in overflow:
             sg["w"] = sg["w"].at[0, 0].set(jnp.inf if t % 2 else jnp.nan)
@@ -103,21 +104,22 @@ def test_matches_inner_on_finite_steps_and_skips_overflow(name):
 
 
 def test_scale_follows_core_rule():
-    kind = jas.dynamic_scale(2.0**8, 2.0, 0.5, 2)
+    kind = jas.dynamic_scaler(2.0**8, 2.0, 0.5, 2)
     st, _ = run(optax.adam(1e-2), scale=kind)
+    assert isinstance(st, LossScaledState)
     core = (np.float32(2.0**8), 0)  # replayed by tests/_rule.py, not the library
     for t in range(STEPS):
         core = rule(*core, t in OVERFLOW, 2.0, 0.5, 2)
-    assert float(st.loss_scale) == float(core[0])
+    assert float(st.scale) == float(core[0])
     assert int(st.scale_state.growth_tracker) == core[1]
 
 
 @pytest.mark.parametrize(
-    "scale", [jas.static_scale(64.0), jas.no_op_scale(), jas.init_scale_state(512.0)]
+    "scale", [jas.static_scaler(64.0), jas.no_op_scaler(), jas.init_scale_state(512.0)]
 )
 def test_other_kinds(scale):
     st, _ = run(optax.adam(1e-2), scale=scale)
-    assert type(st.scale) is type(jas.as_loss_scale(scale))
+    assert type(st.scaler) is type(as_scaler(scale))
 
 
 def test_state_holds_exactly_one_scale_state():
@@ -137,28 +139,31 @@ def test_state_holds_exactly_one_scale_state():
 
 
 def test_drop_overflow_update_false_applies_update():
-    tx = loss_scaled(optax.sgd(1.0), drop_overflow_update=False)
+    tx = loss_scaled(optax.sgd(1.0), jas.dynamic_scaler(drop_overflow_update=False))
     p = {"w": jnp.ones(2)}
     st = tx.init(p)
     u, st2 = tx.update({"w": jnp.array([jnp.inf, 65536.0])}, st, p)
     assert bool(jnp.isinf(u["w"][0])) and float(u["w"][1]) == -1.0
     assert bool(st2.found_inf) and int(st2.skipped_steps) == 0 and int(st2.total_steps) == 1
-    assert float(st2.loss_scale) == 2.0**15  # the scale still backs off
+    assert float(st2.scale) == 2.0**15  # the scale still backs off
 
 
-def test_static_kind_drop_flag_is_the_default():
-    tx = loss_scaled(optax.sgd(1.0), jas.static_scale(4.0, drop_overflow_update=False))
+def test_the_scaler_says_whether_to_drop():
     p = {"w": jnp.ones(1)}
-    u, st = tx.update({"w": jnp.array([jnp.nan])}, tx.init(p), p)
-    assert bool(jnp.isnan(u["w"][0])) and int(st.skipped_steps) == 0
-    tx = loss_scaled(optax.sgd(1.0), jas.static_scale(4.0, drop_overflow_update=False), True)
-    u, st = tx.update({"w": jnp.array([jnp.nan])}, tx.init(p), p)
-    assert float(u["w"][0]) == 0.0 and int(st.skipped_steps) == 1
+    for scaler, dropped in (
+        (jas.static_scaler(4.0, drop_overflow_update=False), False),
+        (jas.static_scaler(4.0), True),
+        (jas.no_op_scaler(drop_overflow_update=False), False),
+    ):
+        tx = loss_scaled(optax.sgd(1.0), scaler)
+        u, st = tx.update({"w": jnp.array([jnp.nan])}, tx.init(p), p)
+        assert (float(u["w"][0]) == 0.0) == dropped and int(st.skipped_steps) == int(dropped)
+        assert bool(st.found_inf)
 
 
 def test_extra_args_forwarded():
     inner = optax.chain(optax.sgd(1.0), optax.contrib.reduce_on_plateau(patience=0, factor=0.5))
-    tx = loss_scaled(inner, jas.static_scale(2.0))
+    tx = loss_scaled(inner, jas.static_scaler(2.0))
     p = {"w": jnp.ones(1)}
     st, inner_st = tx.init(p), inner.init(p)
     for _ in range(3):
@@ -171,35 +176,37 @@ def test_extra_args_forwarded():
 
 
 def test_axis_name_replicas_agree():
-    tx = loss_scaled(optax.sgd(1.0), jas.dynamic_scale(8.0), axis_name="r")
+    tx = loss_scaled(optax.sgd(1.0), jas.dynamic_scaler(8.0), axis_name="r")
     p = {"w": jnp.ones(1)}
     st = tx.init(p)
     g = {"w": jnp.array([[8.0], [jnp.inf], [16.0]])}
     u, st2 = jax.vmap(lambda g: tx.update(g, st, p), axis_name="r")(g)
     np.testing.assert_array_equal(st2.found_inf, [True, True, True])
-    np.testing.assert_array_equal(st2.loss_scale, [4.0, 4.0, 4.0])
+    np.testing.assert_array_equal(st2.scale, [4.0, 4.0, 4.0])
     np.testing.assert_array_equal(u["w"], np.zeros((3, 1)))
 
 
 def test_backends_agree():
     outs = []
     for backend in ("reference", "ffi"):
-        tx = loss_scaled(optax.sgd(1.0), jas.dynamic_scale(8.0, growth_interval=1), backend=backend)
+        tx = loss_scaled(
+            optax.sgd(1.0), jas.dynamic_scaler(8.0, growth_interval=1), backend=backend
+        )
         p = {"w": jnp.ones(1)}
         st = tx.init(p)
         for g in (1.0, jnp.inf, 2.0):
             _, st = jax.jit(tx.update)({"w": jnp.array([g])}, st, p)
-        outs.append(float(st.loss_scale))
+        outs.append(float(st.scale))
     assert outs[0] == outs[1] == 16.0
 
 
 def test_bad_input():
     with pytest.raises(TypeError, match="inner"):
         loss_scaled(lambda g: g)
-    with pytest.raises(TypeError, match="scale"):
+    with pytest.raises(TypeError, match="scaler must be"):
         loss_scaled(optax.sgd(1.0), 1024.0)
-    with pytest.raises(TypeError, match="drop_overflow_update"):
-        loss_scaled(optax.sgd(1.0), None, "yes")
+    with pytest.raises(TypeError, match="positional"):
+        loss_scaled(optax.sgd(1.0), None, True)
     with pytest.raises(ValueError, match="backend"):
         loss_scaled(optax.sgd(1.0), backend="cuda")
     tx = loss_scaled(optax.sgd(1.0))
@@ -208,43 +215,11 @@ def test_bad_input():
 
 
 @pytest.mark.parametrize("found", [False, True])
-def test_both_skip_strategies_give_the_same_bits(found):
-    """The select skip (fused flag) and the cond skip agree bit for bit."""
-    from jax_amp_scale.training.optax import _update_unless
-
-    inner = optax.with_extra_args_support(optax.chain(optax.clip(1.0), optax.adam(1e-2)))
-    params = params0()
-    state = inner.init(params)
-    state = inner.update(grads_at(1), state, params)[1]  # nonzero moments, count 1
-    grads = jax.tree.map(lambda g: g.at[0].set(jnp.nan), grads_at(2)) if found else grads_at(2)
-
-    def skip(by_select, flag_in_memory=False):
-        return jax.jit(
-            lambda g, s, p, f: _update_unless(
-                f, inner, g, s, p, {}, by_select=by_select, flag_in_memory=flag_in_memory
-            )
-        )(grads, state, params, jnp.array(found))
-
-    (u_sel, s_sel, b_sel), (u_cond, s_cond, b_cond) = skip(True), skip(False)
-    assert not bool(b_sel) and not bool(b_cond)
-    u_one, s_one, _ = skip(True, flag_in_memory=True)  # one native call's flag: no cond
-    tree_equal(u_sel, u_cond)
-    tree_equal(s_sel, s_cond)
-    tree_equal(u_one, u_cond)
-    tree_equal(s_one, s_cond)
-    if found:
-        tree_equal(s_sel, state)
-        tree_equal(u_sel, jax.tree.map(jnp.zeros_like, grads))
-
-
-@pytest.mark.parametrize("found", [False, True])
 def test_skip_zeros_every_leaf_in_its_own_type(found):
     """Leaves of one shape in several dtypes, and of several shapes in one
     dtype (the skip shares one zeros array per type): a skipped step's
-    updates are zeros of each leaf's own shape and dtype, the state is the
-    old one; an applied step is the inner update, bit for bit."""
-    from jax_amp_scale.training.optax import _update_unless
-
+    updates are zeros of each leaf's own shape and dtype and the inner state
+    is the old one bit for bit; an applied step is the inner update, bit for bit."""
     params = {
         "a": jnp.full((3,), 0.5, jnp.float32),
         "b": jnp.full((3,), -0.25, jnp.float32),
@@ -253,50 +228,83 @@ def test_skip_zeros_every_leaf_in_its_own_type(found):
         "e": jnp.float32(2.0),
     }
     grads = jax.tree.map(lambda p: (p * 3 + 1).astype(p.dtype), params)
-    inner = optax.with_extra_args_support(optax.sgd(0.1, momentum=0.9))
-    state = inner.update(grads, inner.init(params), params)[1]  # nonzero momentum
-    # Jitted as the skip is (op by op, XLA may round a fused expression
-    # differently).
-    want_u, want_s = jax.jit(inner.update)(grads, state, params)
-    u, s, bad = jax.jit(lambda g, st, p, f: _update_unless(f, inner, g, st, p, {}, by_select=True))(
-        grads, state, params, jnp.array(found)
-    )
-    assert not bool(bad)
+    inner = optax.chain(optax.clip(1.0), optax.sgd(0.1, momentum=0.9))
+    tx = loss_scaled(inner, jas.no_op_scaler(), skip_nonfinite_updates=False)
+    st = tx.update(grads, tx.init(params), params)[1]  # nonzero momentum
+    want_u, want_s = jax.jit(inner.update)(grads, st.inner_state, params)
+    g = jax.tree.map(lambda x: x.at[0].set(jnp.nan) if x.ndim else x, grads) if found else grads
+    u, st2 = jax.jit(tx.update)(g, st, params)
     for k in params:
         assert u[k].shape == params[k].shape and u[k].dtype == want_u[k].dtype
     if found:
         tree_equal(u, jax.tree.map(jnp.zeros_like, want_u))
-        tree_equal(s, state)
+        tree_equal(st2.inner_state, st.inner_state)
     else:
         tree_equal(u, want_u)
-        tree_equal(s, want_s)
+        tree_equal(st2.inner_state, want_s)
 
 
-def test_select_skip_reads_one_flag_whatever_the_tree_size():
-    """With the fused pass's flag, no kernel of the step grows with the tree.
-
-    320 leaves make five native calls whose flags are OR-ed: if XLA copied
-    that OR into each leaf's update kernel, every such kernel would take all
-    five flags as operands; only the one kernel computing the OR may.
-    """
+def test_skip_reads_one_flag_whatever_the_tree_size():
+    """No kernel of the step grows with the tree: the skip's flag is one
+    value in memory (the scalar cond's result) that every leaf's select
+    reads; 320 leaves make several native calls whose flags are OR-ed, and
+    if XLA copied that OR into each leaf's kernel, each would take all of them."""
     import re
 
-    from jax_amp_scale.lowering import gradient_pass as _fused
-    from jax_amp_scale.training.optax import _update_unless
-
     n = 320
-    calls = -(-n // _fused.LEAVES_PER_CALL)
-    assert calls >= 5
-    inner = optax.with_extra_args_support(optax.sgd(1e-3, momentum=0.9))
     params = [jnp.ones((8,), jnp.float32) * i for i in range(n)]
-    state = inner.init(params)
-
-    def step(grads, st):
-        grads, found = jas.unscale_and_check(grads, jas.init_scale_state(4.0), backend="ffi")
-        return _update_unless(found, inner, grads, st, params, {}, by_select=True)
-
-    text = jax.jit(step).lower(params, state).compile().as_text()
+    tx = loss_scaled(optax.sgd(1e-3, momentum=0.9), jas.init_scale_state(4.0))
+    state = tx.init(params)
+    text = jax.jit(tx.update).lower(params, state, params).compile().as_text()
     heads = re.findall(r"^%fused\S* \((.*)\) -> ", text, flags=re.M)
     assert heads, "no fusions: the test no longer looks at the step"
-    wide = [h for h in heads if h.count(": ") >= calls]
-    assert len(wide) <= 1, f"{len(wide)} kernels read every call's flag"
+    wide = [h for h in heads if h.count("pred[]") >= 2]
+    assert len(wide) <= 1, f"{len(wide)} kernels read several flags (only the OR's may)"
+
+
+def test_state_has_five_fields_whatever_the_options():
+    p = params0()
+    structures = {
+        jax.tree_util.tree_structure(
+            loss_scaled(optax.sgd(1.0), jas.dynamic_scaler(), **kw).init(p)
+        )
+        for kw in (
+            {},
+            {"skip_nonfinite_updates": True},
+            {"max_consecutive_overflows": 3},
+            {"host_callbacks": False},
+            {"axis_name": "i"},
+            {"backend": "reference"},
+        )
+    }
+    assert len(structures) == 1
+    assert LossScaledState._fields == (
+        "scaler",
+        "inner_state",
+        "consecutive_overflows",
+        "skipped_steps",
+        "total_steps",
+    )
+
+
+@pytest.mark.parametrize(
+    "option, fix",
+    [
+        ("accumulate", r"accumulate_gradients\(loss_scaled\(inner, ...\), k\)"),
+        ("clip_grad_norm", r"clip_grad_norm\(max_norm\), inner"),
+        ("grad_norm", r"clip_grad_norm\(None\)"),
+        ("drop_overflow_update", r"dynamic_scaler\(..., drop_overflow_update=False\)"),
+        ("overflow_callbacks", "host_callbacks"),
+    ],
+)
+def test_moved_options_say_where_they_went(option, fix):
+    with pytest.raises(TypeError, match=rf"the option {option}= was removed; .*{fix}"):
+        loss_scaled(optax.sgd(1.0), **{option: 1})
+
+
+def test_scale_keyword_is_a_deprecated_alias():
+    with pytest.warns(DeprecationWarning, match="pass the scaler as scaler="):
+        tx = loss_scaled(optax.sgd(1.0), scale=jas.static_scaler(4.0))
+    assert float(tx.init(jnp.ones(1)).scale) == 4.0
+    with pytest.warns(DeprecationWarning, match=r"use state.scale"):
+        assert float(tx.init(jnp.ones(1)).loss_scale) == 4.0

@@ -1,4 +1,4 @@
-"""Policy, get_policy (levels and jmp strings), loss_scale_for."""
+"""Policy, get_policy (levels and jmp strings), scaler_for."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jax_amp_scale as jas
-from jax_amp_scale.policy import Policy
+from jax_amp_scale.policy import Policy, scaler_for
 
 F32, F16, BF16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)
 
@@ -70,12 +70,12 @@ def test_o0_and_o3():
 
 
 def test_levels_pair_with_scales():
-    assert isinstance(jas.loss_scale_for("O2"), jas.DynamicScale)
-    assert isinstance(jas.loss_scale_for("O1"), jas.DynamicScale)
-    assert isinstance(jas.loss_scale_for("O0"), jas.NoOpScale)
-    assert isinstance(jas.loss_scale_for("O3"), jas.NoOpScale)
+    assert isinstance(scaler_for("O2"), jas.DynamicScaler)
+    assert isinstance(scaler_for("O1"), jas.DynamicScaler)
+    assert isinstance(scaler_for("O0"), jas.NoOpScaler)
+    assert isinstance(scaler_for("O3"), jas.NoOpScaler)
     with pytest.raises(ValueError, match="level"):
-        jas.loss_scale_for("O4")
+        scaler_for("O4")
 
 
 @pytest.mark.parametrize(
@@ -125,9 +125,50 @@ def test_bad_policy_fields():
 
 
 def test_custom_rules_and_jit():
-    pol = Policy(F32, BF16, F32, keep_float32=(r"\['bias'\]", lambda path, x: x.shape == (2, 2)))
+    pol = Policy(F32, BF16, F32, keep_float32=("bias", lambda path, x: x.shape == (2, 2)))
     out = jax.jit(pol.cast_to_compute)(params())
     assert out["Dense_0"]["bias"].dtype == F32 and out["Dense_0"]["kernel"].dtype == BF16
     assert out["encoder"]["lnx"].dtype == F32
     np.testing.assert_array_equal(out["Dense_0"]["kernel"], np.ones((4, 3)))
     hash(pol)  # usable as a static argument
+
+
+@pytest.mark.parametrize(
+    "name, kept",
+    [
+        ("LayerNorm_0", True),
+        ("BatchNorm_1", True),
+        ("GroupNorm", True),
+        ("RMSNorm", True),
+        ("layer_norm", True),
+        ("input_layernorm", True),
+        ("final_layer_norm", True),
+        ("norm", True),
+        ("norm1", True),
+        ("bn1", True),
+        ("ln_f", True),
+        ("ln_1", True),
+        ("kernel_ln_proj", False),  # issue 24's trap 2: substrings matched before
+        ("unnormalized_head", False),
+        ("normalizer", False),
+        ("lnx", False),
+        ("Dense_0", False),
+    ],
+)
+def test_o2_rule_matches_whole_names(name, kept):
+    c = dtypes(jas.get_policy("O2").cast_to_compute({name: {"w": jnp.ones((2, 2))}}))
+    assert c[name]["w"] == (F32 if kept else F16)
+
+
+def test_whole_names_are_path_components():
+    pol = Policy(F32, F16, F32, keep_float32=("head",))
+    tree = {"head": {"w": jnp.ones(2)}, "head_2": {"w": jnp.ones(2)}, "x": [jnp.ones(2)]}
+    c = dtypes(pol.cast_to_compute(tree))
+    assert c == {"head": {"w": F32}, "head_2": {"w": F16}, "x": [F16]}
+    # haiku's module paths are split at "/"
+    c = dtypes(jas.get_policy("O2").cast_to_compute({"mlp/~/layer_norm": {"scale": jnp.ones(2)}}))
+    assert c["mlp/~/layer_norm"]["scale"] == F32
+    from jax_amp_scale.training.policy import path_names
+
+    path = jax.tree_util.tree_flatten_with_path({"a/~/b": [{"c": 1}]})[0][0][0]
+    assert path_names(path) == ["a", "b", "0", "c"]

@@ -110,7 +110,7 @@ def test_population_of_loss_scaled_optimizers(backend):
     from jax_amp_scale.optax import get_loss_scaled_state
 
     tx = jax_amp_scale.optax.loss_scaled(
-        optax.sgd(0.1), jas.dynamic_scale(2.0**10, growth_interval=2), backend=backend
+        optax.sgd(0.1), jas.dynamic_scaler(2.0**10, growth_interval=2), backend=backend
     )
     rng = np.random.default_rng(8)
     n, steps = 8, 5

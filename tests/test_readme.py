@@ -43,10 +43,10 @@ def test_quick_start_loss_scaled():
     exec(_block("tx = loss_scaled(optax.adamw(1e-3))"), ns)
     params, opt_state = ns["params"], ns["opt_state"]
     p1, s1 = ns["step"](params, opt_state, ns["batch"])
-    assert float(s1.loss_scale) == 2.0**16 and not bool(s1.found_inf)
+    assert float(s1.scale) == 2.0**16 and not bool(s1.found_inf)
     assert not np.array_equal(np.asarray(p1["w"]), np.asarray(params["w"]))
     p2, s2 = ns["step"](p1, s1, _poisoned(ns["batch"]))
-    assert float(s2.loss_scale) == 2.0**15 and bool(s2.found_inf)
+    assert float(s2.scale) == 2.0**15 and bool(s2.found_inf)
     np.testing.assert_array_equal(np.asarray(p2["w"]), np.asarray(p1["w"]))
 
 
@@ -59,11 +59,39 @@ def test_trainer_example():
     assert float(metrics["scale"]) == 2.0**16 and np.isfinite(float(metrics["loss"]))
     for _ in range(3):
         used, skipped = float(metrics["scale"]), bool(metrics["skipped"])
-        assert float(state.loss_scale) == (used / 2 if skipped else used)
+        assert float(state.scale) == (used / 2 if skipped else used)
         before = params
         params, state, metrics = ns["step"](params, state, ns["batch"], ns["loss_fn"])
         changed = not np.array_equal(np.asarray(params["w"]), np.asarray(before["w"]))
         assert changed != bool(metrics["skipped"])
+
+
+def test_pieces_example():
+    """The composable pieces: accumulation outside, clipping inside loss_scaled."""
+    import jax
+    import optax
+
+    import jax_amp_scale as jas
+    from jax_amp_scale.optax import ClipGradNormState, get_loss_scaled_state
+
+    ns = _reader_namespace()
+    exec(_block("tx = accumulate_gradients("), ns)
+    tx, params, opt_state, batch = ns["tx"], ns["params"], ns["opt_state"], ns["batch"]
+
+    @jax.jit
+    def micro(params, opt_state, batch):
+        grads = jax.grad(lambda p: jas.scale_loss(ns["loss_fn"](p, batch), opt_state))(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    for _ in range(3):
+        p, opt_state = micro(params, opt_state, batch)
+        np.testing.assert_array_equal(np.asarray(p["w"]), np.asarray(params["w"]))
+    p, opt_state = micro(params, opt_state, batch)  # the 4th call steps
+    assert not np.array_equal(np.asarray(p["w"]), np.asarray(params["w"]))
+    ls = get_loss_scaled_state(opt_state)
+    assert int(ls.total_steps) == 1 and int(ls.skipped_steps) == 0
+    assert float(ls.inner_state[0].norm) > 0 and isinstance(ls.inner_state[0], ClipGradNormState)
 
 
 def test_operator_example():

@@ -334,7 +334,7 @@ def test_subnormal_found_inf_counts_under_the_cann_rule(backend, dtype):
 def test_dynamic_scale_takes_the_rule():
     kind = jas.dynamic_scale(init_scale=3.0, growth_factor=1.1, growth_interval=1, rule="cann")
     assert kind.state.rule == "cann"
-    grown = jax.jit(lambda k: k.adjust(jnp.array(False)))(kind)
+    grown = jax.jit(lambda k: k.update(jnp.array(False)))(kind)
     want = jas.amp_update_scale(
         jnp.float32(3.0),
         jnp.int32(0),

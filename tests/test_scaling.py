@@ -35,8 +35,8 @@ def expected_unscale(x, scale):
     "state",
     [
         jas.init_scale_state(1024.0),
-        jas.dynamic_scale(1024.0),
-        jas.static_scale(1024.0),
+        jas.dynamic_scaler(1024.0),
+        jas.static_scaler(1024.0),
         1024.0,
         jnp.float32(1024.0),
         np.float32(1024.0),
@@ -65,7 +65,7 @@ def test_scale_loss_tree_and_float64_promotion():
 
 def test_noop_scale_is_identity():
     x = jnp.float16(3.0)
-    noop = jas.no_op_scale()
+    noop = jas.no_op_scaler()
     assert jas.scale_loss(x, noop) is x
     tree = mixed_tree()
     assert jas.unscale(tree, noop)["f16"] is tree["f16"]

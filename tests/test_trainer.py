@@ -24,7 +24,7 @@ def setup(n=16):
 
 def test_matches_plain_optax_on_finite_steps():
     params, batch = setup()
-    trainer = jas.Trainer(optax.sgd(0.1), jas.dynamic_scale(2.0**10))
+    trainer = jas.Trainer(optax.sgd(0.1), jas.dynamic_scaler(2.0**10))
     state = trainer.init(params)
     step = jax.jit(trainer.step, static_argnums=3)
     ref_p, opt = params, optax.sgd(0.1)
@@ -45,11 +45,11 @@ def test_matches_plain_optax_on_finite_steps():
 def test_skip_keeps_params_bitwise_including_negative_zero():
     params = {"w": jnp.array([-0.0, 1.0]), "b": jnp.array(-0.0)}
     batch = {"x": np.ones((2, 2), np.float32), "y": np.array([np.inf, 0.0], np.float32)}
-    trainer = jas.Trainer(optax.sgd(0.1), jas.dynamic_scale(8.0))
+    trainer = jas.Trainer(optax.sgd(0.1), jas.dynamic_scaler(8.0))
     state = trainer.init(params)
     new, state2, m = jax.jit(trainer.step, static_argnums=3)(params, state, batch, loss_fn)
     assert bool(m["skipped"]) and bool(m["found_inf"]) and int(m["skipped_steps"]) == 1
-    assert float(m["scale"]) == 8.0 and float(state2.loss_scale) == 4.0
+    assert float(m["scale"]) == 8.0 and float(state2.scale) == 4.0
     for k in params:
         assert np.asarray(new[k]).tobytes() == np.asarray(params[k]).tobytes()
 
@@ -62,7 +62,9 @@ def test_policy_o2_float16_compute_float32_master():
         seen["w"], seen["x"] = p["w"].dtype, b["x"].dtype
         return loss_fn(p, b)
 
-    trainer = jas.Trainer(optax.adam(1e-2), jas.dynamic_scale(2.0**10), policy=jas.get_policy("O2"))
+    trainer = jas.Trainer(
+        optax.adam(1e-2), jas.dynamic_scaler(2.0**10), policy=jas.get_policy("O2")
+    )
     state = trainer.init(params)
     p2, state, m = trainer.step(params, state, batch, lf)
     assert seen == {"w": jnp.float16, "x": jnp.float16}
@@ -76,19 +78,19 @@ def test_has_aux_and_static_and_noop():
     def lf(p, b):
         return loss_fn(p, b), {"n": jnp.int32(7)}
 
-    for kind in (jas.static_scale(128.0), jas.no_op_scale()):
+    for kind in (jas.static_scaler(128.0), jas.no_op_scaler()):
         trainer = jas.Trainer(optax.sgd(0.1), kind, has_aux=True)
         _, _st, m = trainer.step(params, trainer.init(params), batch, lf)
-        assert int(m["aux"]["n"]) == 7 and float(m["scale"]) == float(kind.loss_scale)
+        assert int(m["aux"]["n"]) == 7 and float(m["scale"]) == float(kind.scale)
 
 
 def test_axis_name_data_parallel():
     params, batch = setup(16)
     shards = jax.tree_util.tree_map(lambda a: a.reshape(4, 4, *a.shape[1:]), batch)
-    trainer = jas.Trainer(optax.sgd(0.1), jas.dynamic_scale(4.0), axis_name="d")
+    trainer = jas.Trainer(optax.sgd(0.1), jas.dynamic_scaler(4.0), axis_name="d")
     state = trainer.init(params)
     p_dp, _, m = jax.vmap(lambda b: trainer.step(params, state, b, loss_fn), axis_name="d")(shards)
-    single = jas.Trainer(optax.sgd(0.1), jas.dynamic_scale(4.0))
+    single = jas.Trainer(optax.sgd(0.1), jas.dynamic_scaler(4.0))
     p1, _, _m1 = single.step(params, single.init(params), batch, loss_fn)
     for k in params:  # pmean of equal-size shard means = full-batch mean
         np.testing.assert_allclose(p_dp[k], np.broadcast_to(p1[k], p_dp[k].shape), rtol=1e-5)

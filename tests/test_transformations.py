@@ -130,7 +130,7 @@ def test_vmapped_ffi_is_one_custom_call():
     )
     args = (jnp.ones(1024), jnp.zeros(1024, jnp.int32), jnp.zeros(1024, bool))
     hlo = f.lower(*args).compile().as_text()
-    assert hlo.count('custom_call_target="jas_update_scale"') == 1
+    assert hlo.count('custom_call_target="jas_update_scale_v2"') == 1
     assert "while" not in hlo  # not a sequential loop
 
 

@@ -84,7 +84,7 @@ def to_torch_state_dict(state: Any) -> dict[str, float | int]:
 
     `state` is a `ScaleState` or any pytree holding exactly one (a scale
     kind, a `LossScaledState`, a whole optax state).  Bounds and hysteresis of
-    a `DynamicScale` have no torch counterpart and are not exported.  Values
+    a `DynamicScaler` have no torch counterpart and are not exported.  Values
     are Python numbers, as torch writes them (``GradScaler.load_state_dict``
     accepts them).
     """

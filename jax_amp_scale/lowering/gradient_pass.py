@@ -1,6 +1,6 @@
 """The fused native gradient pass: unscale and check every leaf in one pass.
 
-One XLA FFI custom call (``jas_unscale_and_check``, ffi/unscale_and_check_cpu.cc)
+One XLA FFI custom call (``jas_unscale_and_check_v1``, ffi/unscale_and_check_cpu.cc)
 per group of up to `LEAVES_PER_CALL` leaves takes the float32 inverse scale
 and the group's floating gradient leaves, and returns the unscaled leaves and
 one found-inf flag: each gradient byte is read once and written once, on

@@ -1,8 +1,8 @@
 """Native calls that partition like the elementwise operators they are.
 
 XLA cannot see inside a custom call, so on its own it gathers every sharded
-operand around one and replicates its results.  Two of JAX's public
-mechanisms tell it better:
+operand around one and replicates its results.  JAX's public
+`jax.experimental.custom_partitioning` tells it better, in two shapes:
 
 - `elementwise_pass`: the fused gradient pass wrapped in
   `jax.experimental.custom_partitioning`.  Each device runs the pass on its

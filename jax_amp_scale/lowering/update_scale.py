@@ -1,4 +1,4 @@
-"""The update-scale custom call (``jas_update_scale``: ffi/cpu.cc, cuda.cu, ascend.cc)."""
+"""The update-scale custom call (``jas_update_scale_v2``, ffi/targets.h: ffi/cpu.cc, cuda.cu, ascend.cc)."""
 
 from __future__ import annotations
 

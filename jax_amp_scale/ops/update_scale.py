@@ -145,10 +145,10 @@ def update_scale(
     """
     if not isinstance(state, ScaleState):
         hint = ""
-        if hasattr(state, "adjust"):
-            hint = "; a scale kind advances with its own .adjust(found_inf)"
-        elif hasattr(state, "inner_state"):
+        if hasattr(state, "inner_state"):
             hint = "; take the ScaleState out with jax_amp_scale.find_scale_state(opt_state)"
+        elif hasattr(state, "scale_state"):
+            hint = "; a scaler advances with its own .update(found_inf)"
         raise TypeError(f"state must be a ScaleState, got {type(state).__name__}{hint}")
     scale, tracker = amp_update_scale(
         state.scale,

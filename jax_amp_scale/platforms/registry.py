@@ -32,6 +32,7 @@ _lock = threading.RLock()
 _handlers: dict[str, set[str]] = {op: set() for op in OPERATORS}
 _load_errors: dict[str, str] = {}
 _targets: dict[str, str] = {}
+_older: set[tuple[str, str]] = set()
 
 
 def module_targets(mod: Any) -> dict[str, str]:
@@ -46,7 +47,7 @@ def set_target_names(names: dict[str, str]) -> None:
 
 
 def target(op: str) -> str:
-    """The FFI target name of `op` (e.g. ``"jas_update_scale"``)."""
+    """The FFI target name of `op` (e.g. ``"jas_update_scale_v2"``)."""
     with _lock:
         return _targets[op]
 
@@ -61,6 +62,23 @@ def register_capsule(op: str, platform: str, capsule: Any) -> None:
             target(op), capsule, platform=XLA_PLATFORM.get(platform, platform)
         )
         _handlers[op].add(platform)
+
+
+def register_older_target(name: str, platform: str, capsule: Any) -> None:
+    """Registers `capsule` under an older, still served target `name`
+    (ffi/targets.h): programs serialized by older releases call it."""
+    platform = platform.lower()
+    with _lock:
+        if (name, platform) in _older:
+            return
+        jax.ffi.register_ffi_target(name, capsule, platform=XLA_PLATFORM.get(platform, platform))
+        _older.add((name, platform))
+
+
+def served_targets() -> frozenset[str]:
+    """Every target name registered here: the current ones and older versions."""
+    with _lock:
+        return frozenset(_targets.values()) | frozenset(n for n, _ in _older)
 
 
 def mark_registered(op: str, platform: str) -> None:

@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_amp_scale.reference.inverse import multiply_by_inverse
+
 
 def is_float_leaf(x: Any) -> bool:
     """Whether `x` is an array with a floating dtype (float0 excluded)."""
@@ -25,11 +27,15 @@ def compute_dtype(dtype: Any) -> Any:
 
 
 def unscale_leaf(x: Any, inv: jax.Array | None) -> Any:
-    """`x * inv` in `compute_dtype`, rounded once to `x`'s dtype; non-floats pass."""
+    """`x * inv` in `compute_dtype`, rounded once to `x`'s dtype; non-floats pass.
+
+    `inv` is a float32 inverse scale (`inverse_scale`), subnormal ones
+    included: the product is exact at every scale (`multiply_by_inverse`).
+    """
     if inv is None or not is_float_leaf(x):
         return x
     dt = compute_dtype(x.dtype)
-    return (x.astype(dt) * inv.astype(dt)).astype(x.dtype)
+    return multiply_by_inverse(x.astype(dt), inv).astype(x.dtype)
 
 
 def leaf_finite(x: Any) -> jax.Array:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
 from typing import Any
@@ -80,6 +81,26 @@ jax.tree_util.register_dataclass(
     ScaleState,
     data_fields=["scale", "growth_tracker"],
     meta_fields=["growth_factor", "backoff_factor", "growth_interval", "rule"],
+)
+
+
+def _serialize_auxdata(aux: tuple[Any, ...]) -> bytes:
+    # JSON keeps a float's repr, which reads back to the same double.
+    return json.dumps(list(aux)).encode()
+
+
+def _deserialize_auxdata(data: bytes) -> tuple[Any, ...]:
+    return tuple(json.loads(data.decode()))
+
+
+# For jax.export: a step whose arguments or results hold a ScaleState can be
+# serialized (jax_amp_scale.export).  The name is part of every artifact:
+# never change it.
+jax.export.register_pytree_node_serialization(
+    ScaleState,
+    serialized_name="jax_amp_scale.ScaleState",
+    serialize_auxdata=_serialize_auxdata,
+    deserialize_auxdata=_deserialize_auxdata,
 )
 
 

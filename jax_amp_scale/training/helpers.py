@@ -1,9 +1,9 @@
 """Loss-scaling helpers: scale a loss, unscale and check gradients.
 
-Every function takes the loss scale as ``state``: a `ScaleState`, a scale
-kind (`DynamicScale`, `StaticScale`, `NoOpScale`), an optax
-`LossScaledState`, any pytree holding exactly one `ScaleState`, or a plain
-float scalar (Python number or array).  Gradients are pytrees of mixed dtypes:
+Every function takes the scale as ``state``: a `ScaleState`, a scaler
+(`DynamicScaler`, `StaticScaler`, `NoOpScaler`), an optax `LossScaledState`,
+any pytree holding exactly one `ScaleState`, or a plain float scalar (Python
+number or array).  Gradients are pytrees of mixed dtypes:
 floating leaves (float16, bfloat16, float32, float64) are unscaled and checked;
 integer, boolean and ``float0`` leaves pass through untouched; ``None`` is an
 empty subtree in JAX and stays ``None``.
@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_amp_scale.ops.gradient_pass import (
-    native_flag_calls,
     native_flag_expected,
     unscale_and_check_leaves,
 )
@@ -31,6 +30,7 @@ from jax_amp_scale.reference.gradient_pass import (
     leaf_finite,
     unscale_leaf,
 )
+from jax_amp_scale.reference.inverse import inverse_scale
 from jax_amp_scale.state.scale_state import ScaleState
 from jax_amp_scale.state.validation import Backend, check_backend
 
@@ -51,22 +51,22 @@ def find_scale_state(tree: PyTree) -> ScaleState:
     if len(found) != 1:
         raise ValueError(
             f"expected exactly one ScaleState in the pytree, found {len(found)}; "
-            "pass the ScaleState, scale kind or LossScaledState itself"
+            "pass the ScaleState, scaler or LossScaledState itself"
         )
     return found[0]
 
 
 def _is_identity(state: Any) -> bool:
-    # NoOpScale (and states that wrap one) multiply by nothing at all.
+    # NoOpScaler (and states that wrap one) multiply by nothing at all.
     return bool(getattr(state, "is_identity", False))
 
 
 def scale_value(state: Any, name: str = "state") -> jax.Array:
-    """The current loss scale held by `state`, as a float array (shape () or (1,))."""
+    """The current scale held by `state`, as a float array of shape ()."""
     if isinstance(state, ScaleState):
         value = state.scale
-    elif hasattr(state, "loss_scale"):
-        value = state.loss_scale
+    elif isinstance(getattr(state, "scale_state", None), ScaleState):
+        value = state.scale_state.scale  # a scaler or a LossScaledState
     elif isinstance(state, bool):
         raise TypeError(f"{name} must be a scale state or a float scalar, got bool")
     elif isinstance(state, numbers.Real):
@@ -78,16 +78,14 @@ def scale_value(state: Any, name: str = "state") -> jax.Array:
             value = find_scale_state(state).scale
         except ValueError:
             raise TypeError(
-                f"{name} must be a ScaleState, a scale kind (DynamicScale, StaticScale, "
-                f"NoOpScale), a LossScaledState or a float scalar; got {type(state).__name__}"
+                f"{name} must be a ScaleState, a scaler (DynamicScaler, StaticScaler, "
+                f"NoOpScaler), a LossScaledState or a float scalar; got {type(state).__name__}"
             ) from None
     dtype = getattr(value, "dtype", None)
     if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(f"{name}: the loss scale must be a floating array, got {dtype}")
+        raise TypeError(f"{name}: the scale must be a floating array, got {dtype}")
     if value.size != 1 or value.ndim > 1:
-        raise ValueError(
-            f"{name}: the loss scale must have shape () or (1,), got {tuple(value.shape)}"
-        )
+        raise ValueError(f"{name}: the scale must have shape () or (1,), got {tuple(value.shape)}")
     return value.reshape(())
 
 
@@ -120,8 +118,9 @@ def scale_loss(loss: PyTree, state: Any) -> PyTree:
 def _inverse(state: Any) -> jax.Array | None:
     if _is_identity(state):
         return None
-    # float32 reciprocal, as torch's GradScaler (which multiplies by inv_scale).
-    return jnp.float32(1.0) / scale_value(state).astype(jnp.float32)
+    # torch's GradScaler inv_scale bit for bit, subnormal above 2**126
+    # (reference/inverse.py; unscale_leaf and the native pass multiply exactly).
+    return inverse_scale(scale_value(state))
 
 
 def unscale(tree: PyTree, state: Any) -> PyTree:
@@ -199,12 +198,6 @@ def fused_pass_expected(tree: PyTree, backend: Backend) -> bool:
     """Whether `unscale_and_check` will take its found flag from a native call on `tree`."""
     leaves = [x for x in jax.tree_util.tree_leaves(tree) if is_float_leaf(x)]
     return native_flag_expected(leaves, check_backend(backend))
-
-
-def fused_pass_calls(tree: PyTree, backend: Backend) -> int:
-    """How many native calls `unscale_and_check`'s found flag comes from (0: none)."""
-    leaves = [x for x in jax.tree_util.tree_leaves(tree) if is_float_leaf(x)]
-    return native_flag_calls(leaves, check_backend(backend))
 
 
 def unscale_and_check(
@@ -316,7 +309,7 @@ def value_and_grad(
       has_aux, argnums: as in `jax.value_and_grad`.
       axis_name: optional mapped axis; found_inf is OR-reduced across it so
         every replica takes the same skip decision.  Gradients are not
-        averaged here (do ``lax.pmean`` yourself, or use `Trainer`).
+        averaged here (``replicas.mean_gradients`` does, in `loss_scaled` and `Trainer`).
       backend: the `unscale_and_check` backend.
 
     Returns:
@@ -324,7 +317,7 @@ def value_and_grad(
       ``value`` is `fun`'s own (unscaled) loss or ``(loss, aux)``; ``grads``
       are unscaled, in the dtypes of the differentiated arguments;
       ``found_inf`` is a bool scalar.  The scale itself is not updated: feed
-      found_inf to ``update_scale`` or the kind's ``adjust``.
+      found_inf to ``scaler.update`` (or `update_scale`).
     """
     if not callable(fun):
         raise TypeError(f"fun must be callable, got {type(fun).__name__}")

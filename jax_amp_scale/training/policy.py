@@ -2,11 +2,18 @@
 
 `Policy(param_dtype, compute_dtype, output_dtype)` follows jmp's convention
 (and accepts its policy strings, see `get_policy`), with one addition: rules
-that keep some leaves in float32 whatever the compute dtype, chosen by their
-pytree path (for example norm layers under O2).
+that keep some leaves in float32 whatever the compute dtype, chosen by the
+names on their pytree path (for example norm layers under O2).
+
+A string rule matches *whole names*: the regular expression must match one
+whole component of the leaf's path (``re.fullmatch``), a component being a
+dict key, attribute name or index, with haiku's ``"a/~/b"`` keys split at
+``/``.  So the O1/O2 norm rule keeps ``LayerNorm_0``, ``layer_norm``,
+``post_attention_layernorm``, ``bn1`` and ``ln_f``, but not
+``kernel_ln_proj`` or ``unnormalized_head``.
 
 Levels (``get_policy("O0")`` ... ``"O3"``, after the Apex/MindSpore AMP
-levels) and the loss scale each pairs with (`loss_scale_for`):
+levels) and the scaler each pairs with (`scaler_for`):
 
 =====  ========  ========  ========  ===========================  ===========
 level  params    compute   output    kept float32                 loss scale
@@ -36,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -43,14 +51,36 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_amp_scale.training import loss_scale_kinds
+from jax_amp_scale.training import scalers
 
 PyTree = Any
 KeepRule = str | Callable[[str, Any], bool]
 
-# Norm layers in flax (BatchNorm_0, LayerNorm_1, GroupNorm, RMSNorm), haiku
-# (layer_norm, batch_norm), equinox (.norm) and short names (bn1, ln_f).
-NORM_RULES: tuple[str, ...] = (r"(?i)norm", r"(?i)(?<![a-z])(bn|ln)(\d+|_[a-z0-9]+)?(?![a-z])")
+# Whole path components naming norm layers: flax (BatchNorm_0, LayerNorm_1,
+# GroupNorm, RMSNorm), haiku (layer_norm, batch_norm), equinox (norm),
+# Hugging Face (input_layernorm, final_layer_norm) and short names (bn1, ln_f).
+NORM_RULES: tuple[str, ...] = (
+    r"(?i)([a-z0-9]+_)*(layer|batch|group|rms|instance)?_?norm(_?\d+)?",
+    r"(?i)([a-z0-9]+_)*(bn|ln)(_?\d+|_f|_final)?",
+)
+
+
+def path_names(path: Any) -> list[str]:
+    """The whole names a string rule is matched against, for one key path."""
+    names: list[str] = []
+    for key in path:
+        if isinstance(key, jax.tree_util.DictKey):
+            name = str(key.key)
+        elif isinstance(key, jax.tree_util.GetAttrKey):
+            name = key.name
+        elif isinstance(key, jax.tree_util.SequenceKey):
+            name = str(key.idx)
+        elif isinstance(key, jax.tree_util.FlattenedIndexKey):
+            name = str(key.key)
+        else:
+            name = str(key)
+        names.extend(part for part in name.split("/") if part and part != "~")
+    return names
 
 
 def _rank_below_2(path: str, leaf: Any) -> bool:
@@ -129,9 +159,11 @@ class Policy:
       compute_dtype: dtype of the forward/backward computation.
       output_dtype: dtype of the model's outputs (the loss, logits).
       keep_float32: rules selecting leaves that `cast_to_param` and
-        `cast_to_compute` put in float32 instead: a regex is searched in the
-        leaf's path (``jax.tree_util.keystr``, e.g. ``"['LayerNorm_0']['scale']"``),
-        a callable gets ``(path, leaf)`` and returns a bool.
+        `cast_to_compute` put in float32 instead: a regex must match one
+        whole name on the leaf's path (``re.fullmatch``; see the module
+        docstring), a callable gets ``(path, leaf)`` with the path as
+        ``jax.tree_util.keystr`` (``"['LayerNorm_0']['scale']"``) and
+        returns a bool.
 
     Casts touch floating leaves only (integer, bool, float0 leaves and
     ``None`` pass); a leaf already in the target dtype is returned as is.
@@ -147,12 +179,13 @@ class Policy:
             object.__setattr__(self, f, _check_dtype(getattr(self, f), f))
         object.__setattr__(self, "keep_float32", _check_rules(self.keep_float32))
 
-    def _keep(self, path: str, leaf: Any) -> bool:
+    def _keep(self, path: Any, leaf: Any) -> bool:
+        names = path_names(path)
         for rule in self.keep_float32:
             if isinstance(rule, str):
-                if re.search(rule, path):
+                if any(re.fullmatch(rule, n) for n in names):
                     return True
-            elif rule(path, leaf):
+            elif rule(jax.tree_util.keystr(path), leaf):
                 return True
         return False
 
@@ -161,7 +194,7 @@ class Policy:
             if not _is_float(x):
                 return x
             target = dtype
-            if use_rules and self.keep_float32 and self._keep(jax.tree_util.keystr(path), x):
+            if use_rules and self.keep_float32 and self._keep(path, x):
                 target = jnp.dtype(jnp.float32)
             return x if x.dtype == target else jnp.asarray(x).astype(target)
 
@@ -254,11 +287,17 @@ def get_policy(name: str) -> Policy:
     return Policy(param, compute, output)
 
 
-def loss_scale_for(level: str) -> loss_scale_kinds.DynamicScale | loss_scale_kinds.NoOpScale:
-    """The loss scale a level pairs with: dynamic (torch defaults) for O1/O2,
+def scaler_for(level: str) -> scalers.DynamicScaler | scalers.NoOpScaler:
+    """The scaler a level pairs with: dynamic (torch defaults) for O1/O2,
     no-op for O0 and O3."""
     if not isinstance(level, str) or level.strip().upper() not in _PRESETS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     if level.strip().upper() in ("O1", "O2"):
-        return loss_scale_kinds.dynamic_scale()
-    return loss_scale_kinds.no_op_scale()
+        return scalers.dynamic_scaler()
+    return scalers.no_op_scaler()
+
+
+def loss_scale_for(level: str) -> scalers.DynamicScaler | scalers.NoOpScaler:
+    """Deprecated: use `scaler_for`."""
+    warnings.warn("loss_scale_for is deprecated; use scaler_for", DeprecationWarning, stacklevel=2)
+    return scaler_for(level)

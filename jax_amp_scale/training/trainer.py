@@ -2,7 +2,7 @@
 
 Usage::
 
-    trainer = jas.Trainer(optax.adam(1e-3), jas.dynamic_scale(), policy=jas.get_policy("O2"))
+    trainer = jas.Trainer(optax.adam(1e-3), jas.dynamic_scaler(), policy=jas.get_policy("O2"))
     state = trainer.init(params)
     step = jax.jit(trainer.step, static_argnums=3)
     for batch in data:
@@ -11,98 +11,125 @@ Usage::
 
 from __future__ import annotations
 
-import dataclasses
+import warnings
 from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from jax_amp_scale.state.validation import Backend, check_bool
+from jax_amp_scale.state.validation import check_bool
 from jax_amp_scale.training import helpers, replicas
 from jax_amp_scale.training.policy import Policy
 
 PyTree = Any
 
+_MOVED = (
+    "drop_overflow_update",
+    "backend",
+    "skip_nonfinite_updates",
+    "max_consecutive_overflows",
+    "grad_norm",
+    "clip_grad_norm",
+    "overflow_callbacks",
+)
 
-@dataclasses.dataclass(frozen=True, eq=False)
+
 class Trainer:
-    """Scales the loss, differentiates, unscales, checks, updates, skips.
+    """Scales the loss, differentiates, averages over replicas, steps or skips.
 
-    Attributes:
-      optimizer: an optax transformation (or ``optax.MultiSteps``); it sees
-        unscaled, finite gradients only.
-      scale: a scale kind (`dynamic_scale()`, `static_scale(x)`,
-        `no_op_scale()`) or a `ScaleState`; default ``dynamic_scale()``.
-      policy: optional `Policy`: the loss function then gets
-        ``policy.cast_to_compute(params)`` and ``policy.cast_to_compute(batch)``
+    A thin loop over `loss_scaled` and its pieces, like torch's
+    ``GradScaler`` around an optimizer.
+
+    Args:
+      optimizer: an optax transformation; the Trainer wraps it as
+        ``loss_scaled(optimizer, scaler)`` (and in `accumulate_gradients`
+        with ``accumulate > 1``).  Or a transformation that `loss_scaled` (or
+        `accumulate_gradients` around it) already built, for its options
+        (``max_consecutive_overflows``, ``skip_nonfinite_updates``, ...):
+        then `scaler` and `accumulate` must be left out.  Clipping goes
+        inside: ``optax.chain(clip_grad_norm(1.0), optax.adam(1e-3))``.
+      scaler: `dynamic_scaler()` (default), `static_scaler(x)`,
+        `no_op_scaler()` or a `ScaleState`.
+      policy: optional `Policy`: the loss function gets
+        ``policy.cast_to_compute(params)`` and ``cast_to_compute(batch)``
         and its loss is cast with ``cast_to_output``; parameters (and their
         updates) stay in their own dtype.
       has_aux: the loss function returns ``(loss, aux)``.
-      axis_name: optional mapped axis for data parallelism: gradients and the
-        loss are averaged over it (``lax.pmean``) and found_inf is OR-reduced,
-        so every replica takes the same step.
-      drop_overflow_update: None (the kind's choice), True or False.
-      accumulate, skip_nonfinite_updates, max_consecutive_overflows,
-        grad_norm, clip_grad_norm, overflow_callbacks: as in `loss_scaled` (each `step` call is
-        then one micro-batch; params change on every `accumulate`-th call).
-      backend: the core `update_scale` backend, as in `loss_scaled`.
+      axis_name: data parallelism over a mapped axis, as torch DDP: the
+        gradients are averaged over it (`replicas.mean_gradients`) before
+        the optimizer step, and so is the reported loss.
+      accumulate: micro-batches per optimizer step (each `step` call is one;
+        parameters change on every `accumulate`-th call).
 
-    ``init(params)`` returns the optimizer state, a
-    `jax_amp_scale.optax.LossScaledState`.  ``step(params, state, batch,
-    loss_fn)`` returns ``(params, state, metrics)``; ``loss_fn(params, batch)``
-    returns a floating scalar loss (or ``(loss, aux)``).  ``metrics`` holds
-    ``loss`` (the unscaled loss, float32), ``scale`` (the scale this step's
-    loss was multiplied by), ``skipped`` (bool: the optimizer step was
-    dropped, for an overflow or a non-finite update), ``found_inf`` (bool),
-    ``reason`` (int32 `SkipReason`: 0 applied, 1 overflow, 2 non-finite
-    update, 3 accumulating), ``consecutive_overflows``, ``skipped_steps`` and
-    ``total_steps`` (int32, after this step), ``grad_norm`` (float32, with
-    ``grad_norm=True`` or ``clip_grad_norm``) and ``aux`` with ``has_aux``.
-    Whenever the update is not applied the returned params are the input
-    params, bit for bit.
+    ``init(params)`` returns the optimizer state.  ``step(params, state,
+    batch, loss_fn)`` returns ``(params, state, metrics)``; ``loss_fn(params,
+    batch)`` returns a floating scalar loss (or ``(loss, aux)``).
+    ``metrics``: ``loss`` (unscaled, float32), ``scale`` (the scale this
+    step's loss was multiplied by), ``skipped`` (bool: the optimizer step
+    was dropped), ``found_inf`` (bool, False inside a window), ``reason``
+    (int32 `SkipReason`), ``consecutive_overflows``, ``skipped_steps`` and
+    ``total_steps`` (int32 optimizer steps, after this call), ``grad_norm``
+    (when a `clip_grad_norm` is in the optimizer) and ``aux`` with
+    ``has_aux``.  Whenever no update is applied the returned params are the
+    input params, bit for bit.
     """
 
-    optimizer: Any
-    scale: Any = None
-    policy: Policy | None = None
-    has_aux: bool = False
-    axis_name: Hashable | None = None
-    drop_overflow_update: bool | None = None
-    backend: Backend = "auto"
-    accumulate: int = 1
-    skip_nonfinite_updates: bool | None = None
-    max_consecutive_overflows: int | None = None
-    grad_norm: bool = False
-    clip_grad_norm: float | None = None
-    overflow_callbacks: bool = True
-    tx: Any = dataclasses.field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        optimizer: Any,
+        scaler: Any = None,
+        *,
+        policy: Policy | None = None,
+        has_aux: bool = False,
+        axis_name: Hashable | None = None,
+        accumulate: int = 1,
+        **removed: Any,
+    ) -> None:
         try:  # optax is an optional extra
-            from jax_amp_scale.training.optax import loss_scaled
+            import optax  # noqa: F401
+
+            from jax_amp_scale.training import optax as ls
+            from jax_amp_scale.training import pieces
         except ModuleNotFoundError as e:
             raise ModuleNotFoundError(
                 f"Trainer needs optax ({e}); install it with pip install 'jax-amp-scale[optax]'"
             ) from e
-
-        if self.policy is not None and not isinstance(self.policy, Policy):
-            raise TypeError(f"policy must be a Policy or None, got {type(self.policy).__name__}")
-        check_bool(self.has_aux, "has_aux")
-        tx = loss_scaled(
-            self.optimizer,
-            self.scale,
-            self.drop_overflow_update,
-            axis_name=self.axis_name,
-            backend=self.backend,
-            accumulate=self.accumulate,
-            skip_nonfinite_updates=self.skip_nonfinite_updates,
-            max_consecutive_overflows=self.max_consecutive_overflows,
-            grad_norm=self.grad_norm,
-            clip_grad_norm=self.clip_grad_norm,
-            overflow_callbacks=self.overflow_callbacks,
-        )
-        object.__setattr__(self, "tx", tx)
+        if "scale" in removed:
+            warnings.warn(
+                "Trainer(scale=...) is deprecated; pass the scaler as scaler=",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            scaler = removed.pop("scale") if scaler is None else scaler
+        for name in removed:
+            if name in _MOVED:
+                raise TypeError(
+                    f"Trainer: the option {name}= was removed; build the optimizer with "
+                    f"loss_scaled(inner, scaler, {name}=...) (clip_grad_norm and grad_norm: the "
+                    "clip_grad_norm transformation inside it) and pass that as optimizer"
+                )
+            raise TypeError(f"Trainer() got an unexpected keyword argument {name!r}")
+        if policy is not None and not isinstance(policy, Policy):
+            raise TypeError(f"policy must be a Policy or None, got {type(policy).__name__}")
+        k = ls.positive_int(accumulate, "accumulate", allow_none=False)
+        assert k is not None
+        if isinstance(optimizer, ls.LossScaled):
+            if scaler is not None or k != 1:
+                raise ValueError(
+                    "optimizer is already loss-scaled: set the scaler in loss_scaled(...) and "
+                    "the accumulation with accumulate_gradients(...), not in Trainer"
+                )
+            tx = optimizer
+        else:
+            tx = ls.loss_scaled(optimizer, scaler)
+            if k > 1:
+                tx = pieces.accumulate_gradients(tx, k)
+        self.optimizer = optimizer
+        self.policy = policy
+        self.has_aux = check_bool(has_aux, "has_aux")
+        self.axis_name = axis_name
+        self.tx = tx
 
     def init(self, params: PyTree) -> Any:
         """The initial optimizer state for `params`."""
@@ -115,13 +142,15 @@ class Trainer:
         batch: Any,
         loss_fn: Callable[..., Any],
     ) -> tuple[PyTree, Any, dict[str, Any]]:
-        """One training step; see the class docstring."""
+        """One training step (one micro-batch with ``accumulate``); see the class."""
         import optax
+
+        from jax_amp_scale.training import optax as ls
+        from jax_amp_scale.training import pieces
 
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
-        policy = self.policy
-        has_aux = self.has_aux
+        policy, has_aux = self.policy, self.has_aux
 
         def scaled(p: PyTree) -> tuple[jax.Array, tuple[jax.Array, Any]]:
             b = batch
@@ -140,25 +169,43 @@ class Trainer:
             loss = jax.lax.pmean(loss, self.axis_name)
         scale_used = helpers.scale_value(state)
         updates, new_state = self.tx.update(grads, state, params)
-        skipped = new_state.skipped_steps > state.skipped_steps
-        held = new_state.reason != 0  # SkipReason.APPLIED
+
+        old, new = ls.get_loss_scaled_state(state), ls.get_loss_scaled_state(new_state)
+        stepped = new.total_steps > old.total_steps
+        skipped = new.skipped_steps > old.skipped_steps
+        found = stepped & new.found_inf
+        reason = jnp.where(
+            ~stepped,
+            int(ls.SkipReason.ACCUMULATING),
+            jnp.where(
+                skipped,
+                jnp.where(found, int(ls.SkipReason.OVERFLOW), int(ls.SkipReason.NONFINITE_UPDATE)),
+                int(ls.SkipReason.APPLIED),
+            ),
+        ).astype(jnp.int32)
+        held = reason != int(ls.SkipReason.APPLIED)
         new_params = optax.apply_updates(params, updates)
         # Zero updates would still turn -0.0 into +0.0: keep the input bits.
-        new_params = jax.tree_util.tree_map(
-            lambda old, new: jnp.where(held, old, new), params, new_params
-        )
+        new_params = ls.keep_where(held, params, new_params)
         metrics = {
             "loss": loss.astype(jnp.float32),
             "scale": scale_used,
             "skipped": skipped,
-            "found_inf": new_state.found_inf,
-            "reason": new_state.reason,
-            "consecutive_overflows": new_state.consecutive_overflows,
-            "skipped_steps": new_state.skipped_steps,
-            "total_steps": new_state.total_steps,
+            "found_inf": found,
+            "reason": reason,
+            "consecutive_overflows": new.consecutive_overflows,
+            "skipped_steps": new.skipped_steps,
+            "total_steps": new.total_steps,
         }
-        if new_state.grad_norm is not None:
-            metrics["grad_norm"] = new_state.grad_norm
+        norms = [
+            x
+            for x in jax.tree_util.tree_leaves(
+                new_state, is_leaf=lambda x: isinstance(x, pieces.ClipGradNormState)
+            )
+            if isinstance(x, pieces.ClipGradNormState)
+        ]
+        if norms:
+            metrics["grad_norm"] = norms[0].norm
         if has_aux:
             metrics["aux"] = aux
         return new_params, new_state, metrics

@@ -54,9 +54,9 @@ int main() {
     for (int64_t skip = 0; skip < 2; ++skip) {  // the flag: with and without non-finite
       const int64_t m = skip ? 0x7c00 : n;  // below 0x7c00 every input is finite
       a = src;
-      const bool fa = jas::UnscaleF16F16c(a.data(), a.data(), m, inv);  // in place
-      const bool fb = jas::UnscaleF16Portable(src.data(), b.data(), m, inv);
-      const bool fc = jas::UnscaleF16F16c(src.data(), c.data(), m, inv);  // out of place
+      const bool fa = jas::UnscaleF16F16c(a.data(), a.data(), m, inv, 1.0f);  // in place
+      const bool fb = jas::UnscaleF16Portable(src.data(), b.data(), m, inv, 1.0f);
+      const bool fc = jas::UnscaleF16F16c(src.data(), c.data(), m, inv, 1.0f);  // out of place
       if (fa != fb || fc != fb) {
         std::printf("flag differs: inv %a, m %lld\n", inv, static_cast<long long>(m));
         ++bad;
@@ -83,9 +83,9 @@ int main() {
       for (int64_t at = 0; at + seg <= n; at += seg) {
         uint16_t in_place[64], out[64], want[64];
         std::memcpy(in_place, src.data() + at, seg * sizeof(uint16_t));
-        const bool fa = jas::UnscaleF16F16c(in_place, in_place, seg, inv);
-        const bool fc = jas::UnscaleF16F16c(src.data() + at, out, seg, inv);
-        const bool fb = jas::UnscaleF16Portable(src.data() + at, want, seg, inv);
+        const bool fa = jas::UnscaleF16F16c(in_place, in_place, seg, inv, 1.0f);
+        const bool fc = jas::UnscaleF16F16c(src.data() + at, out, seg, inv, 1.0f);
+        const bool fb = jas::UnscaleF16Portable(src.data() + at, want, seg, inv, 1.0f);
         if ((fa != fb || fc != fb || std::memcmp(in_place, want, seg * sizeof(uint16_t)) != 0 ||
              std::memcmp(out, want, seg * sizeof(uint16_t)) != 0) &&
             bad++ < 60) {
@@ -101,9 +101,9 @@ int main() {
   if (jas::HaveAvx2()) {
     for (float inv : invs) {
       a = src;
-      const bool fa = jas::UnscaleBF16Avx2(a.data(), a.data(), n, inv);
-      const bool fb = jas::UnscaleBF16Portable(src.data(), b.data(), n, inv);
-      const bool fc = jas::UnscaleBF16Avx2(src.data(), c.data(), n, inv);
+      const bool fa = jas::UnscaleBF16Avx2(a.data(), a.data(), n, inv, 1.0f);
+      const bool fb = jas::UnscaleBF16Portable(src.data(), b.data(), n, inv, 1.0f);
+      const bool fc = jas::UnscaleBF16Avx2(src.data(), c.data(), n, inv, 1.0f);
       if (fa != fb || fc != fb) {
         std::printf("bf16 flag differs: inv %a\n", inv);
         ++bad;
@@ -144,18 +144,18 @@ int main() {
         f[pos] = std::numeric_limits<float>::infinity();
       }
       const bool want = pos >= 0;
-      if (jas::UnscaleF16F16c(h.data(), h.data(), len, 0.5f) != want) {
+      if (jas::UnscaleF16F16c(h.data(), h.data(), len, 0.5f, 1.0f) != want) {
         std::printf("f16 flag wrong with inf at %lld\n", static_cast<long long>(pos));
         ++bad;
       }
       std::vector<uint16_t> bf(len, 0x3f80);  // 1.0
       if (pos >= 0) bf[pos] = 0x7f80;            // inf
-      if (jas::HaveAvx2() && jas::UnscaleBF16Avx2(bf.data(), bf.data(), len, 0.5f) != want) {
+      if (jas::HaveAvx2() && jas::UnscaleBF16Avx2(bf.data(), bf.data(), len, 0.5f, 1.0f) != want) {
         std::printf("bf16 flag wrong with inf at %lld\n", static_cast<long long>(pos));
         ++bad;
       }
       if (jas::HaveAvx2() && bf[len / 2] != 0x3f00) ++bad;
-      if (jas::HaveAvx2() && jas::UnscaleF32Avx2(f.data(), f.data(), len, 0.5f) != want) {
+      if (jas::HaveAvx2() && jas::UnscaleF32Avx2(f.data(), f.data(), len, 0.5f, 1.0f) != want) {
         std::printf("f32 flag wrong with inf at %lld\n", static_cast<long long>(pos));
         ++bad;
       }
@@ -176,8 +176,8 @@ int main() {
     std::vector<float> p(x.size()), q(x.size());
     for (float inv : invs) {
       p = x;
-      const bool fa = jas::UnscaleF32Avx2(p.data(), p.data(), p.size(), inv);
-      const bool fb = jas::UnscaleF32Portable(x.data(), q.data(), q.size(), inv);
+      const bool fa = jas::UnscaleF32Avx2(p.data(), p.data(), p.size(), inv, 1.0f);
+      const bool fb = jas::UnscaleF32Portable(x.data(), q.data(), q.size(), inv, 1.0f);
       if (fa != fb) ++bad;
       for (size_t i = 0; i < x.size(); ++i) {
         const uint32_t xa = jas::F32Bits(x[i]);

@@ -1,4 +1,4 @@
-"""Scale kinds: dynamic (bounds, hysteresis), static and no-op."""
+"""Scalers: dynamic (bounds, hysteresis), static and no-op; the old names."""
 
 import dataclasses
 
@@ -12,7 +12,7 @@ from tests._rule import dynamic_kind_rule as python_rule
 
 
 def test_defaults_equal_torch_gradscaler():
-    k = jas.dynamic_scale()
+    k = jas.dynamic_scaler()
     s = k.scale_state
     assert float(s.scale) == 2.0**16 and s.scale.dtype == jnp.float32
     assert (s.growth_factor, s.backoff_factor, s.growth_interval) == (2.0, 0.5, 2000)
@@ -24,7 +24,7 @@ def test_defaults_equal_torch_gradscaler():
 def test_defaults_equal_real_torch():
     torch = pytest.importorskip("torch")
     g = torch.amp.GradScaler("cpu")
-    s = jas.dynamic_scale().scale_state
+    s = jas.dynamic_scaler().scale_state
     assert g.get_scale() == float(s.scale)
     assert g.get_growth_factor() == s.growth_factor
     assert g.get_backoff_factor() == s.backoff_factor
@@ -32,7 +32,7 @@ def test_defaults_equal_real_torch():
 
 
 KINDS = [
-    jas.dynamic_scale(
+    jas.dynamic_scaler(
         1024.0,
         3.0,
         0.25,
@@ -43,10 +43,10 @@ KINDS = [
         dtype=jnp.float16,
         shape=(1,),
     ),
-    jas.dynamic_scale(),
-    jas.static_scale(128.0, drop_overflow_update=False, dtype=jnp.bfloat16),
-    jas.static_scale(1000.0),
-    jas.no_op_scale(drop_overflow_update=False),
+    jas.dynamic_scaler(),
+    jas.static_scaler(128.0, drop_overflow_update=False, dtype=jnp.bfloat16),
+    jas.static_scaler(1000.0),
+    jas.no_op_scaler(drop_overflow_update=False),
 ]
 
 
@@ -70,7 +70,7 @@ def test_every_field_survives_jit(kind):
         else:
             assert a == b, f.name
     # also through a traced adjust: static fields stay, leaf dtypes stay
-    adj = jax.jit(lambda k: k.adjust(True))(kind)
+    adj = jax.jit(lambda k: k.update(True))(kind)
     assert jax.tree_util.tree_structure(adj) == jax.tree_util.tree_structure(kind)
     for x, y in zip(jax.tree_util.tree_leaves(adj), jax.tree_util.tree_leaves(kind), strict=True):
         assert x.dtype == y.dtype and x.shape == y.shape
@@ -78,10 +78,10 @@ def test_every_field_survives_jit(kind):
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: type(k).__name__)
 def test_one_interface_and_one_scale_state(kind):
-    assert isinstance(kind, jas.LossScale)
+    assert isinstance(kind, jas.Scaler)
     assert jas.find_scale_state(kind) is kind.scale_state
     tree = {"w": jnp.array([2.0, 4.0], jnp.float32)}
-    scaled = kind.scale(tree)
+    scaled = kind.scale_loss(tree)
     back, found = kind.unscale_and_check(scaled)
     np.testing.assert_array_equal(back["w"], tree["w"])  # exact for these scales
     np.testing.assert_array_equal(kind.unscale(scaled)["w"], tree["w"])
@@ -93,8 +93,8 @@ def run_scan(kind, seqs):
 
     def one(seq):
         def body(k, f):
-            k = k.adjust(f)
-            return k, (k.loss_scale, k.scale_state.growth_tracker, k.hysteresis_left)
+            k = k.update(f)
+            return k, (k.scale, k.scale_state.growth_tracker, k.hysteresis_left)
 
         return jax.lax.scan(body, kind, seq)[1]
 
@@ -112,7 +112,7 @@ def random_seqs(seed, n=16, steps=30):
 
 def test_dynamic_without_options_is_the_core_rule():
     seqs = random_seqs(0)
-    got = run_scan(jas.dynamic_scale(8.0, 2.0, 0.5, 3), seqs)
+    got = run_scan(jas.dynamic_scaler(8.0, 2.0, 0.5, 3), seqs)
     core = jax.jit(
         jax.vmap(
             lambda seq: jax.lax.scan(
@@ -141,14 +141,14 @@ def test_dynamic_without_options_is_the_core_rule():
 )
 def test_bounds_and_hysteresis_follow_the_documented_rule(hyst, lo, hi):
     seqs = random_seqs(hyst * 7 + int(lo or 0))
-    kind = jas.dynamic_scale(8.0, 2.0, 0.5, 2, min_scale=lo, max_scale=hi, hysteresis=hyst)
+    kind = jas.dynamic_scaler(8.0, 2.0, 0.5, 2, min_scale=lo, max_scale=hi, hysteresis=hyst)
     got = run_scan(kind, seqs)
     for i, seq in enumerate(seqs.tolist()):
         assert got[i] == python_rule(seq, init=8.0, gf=2.0, bf=0.5, gi=2, lo=lo, hi=hi, hyst=hyst)
 
 
 def test_hysteresis_golden():
-    k = jas.dynamic_scale(64.0, 2.0, 0.5, 100, hysteresis=3)
+    k = jas.dynamic_scaler(64.0, 2.0, 0.5, 100, hysteresis=3)
     seq = [True, True, True, True, False, True, True, True]
     scales = [s for s, _, _ in run_scan(k, np.array([seq]))[0]]
     # two overflows tolerated, the third and fourth back off; a finite step
@@ -157,41 +157,43 @@ def test_hysteresis_golden():
 
 
 def test_bounds_golden_float16():
-    k = jas.dynamic_scale(8.0, 2.0, 0.5, 1, min_scale=4.0, max_scale=16.0, dtype=jnp.float16)
-    assert jax.jit(lambda k: k.adjust(True))(k).loss_scale.dtype == jnp.float16
+    k = jas.dynamic_scaler(8.0, 2.0, 0.5, 1, min_scale=4.0, max_scale=16.0, dtype=jnp.float16)
+    assert jax.jit(lambda k: k.update(True))(k).scale.dtype == jnp.float16
     seq = [False, False, False, True, True, True]
     got = [s for s, _, _ in run_scan(k, np.array([seq]))[0]]
     assert got == [16.0, 16.0, 16.0, 8.0, 4.0, 4.0]
 
 
 def test_static_and_noop_never_change():
-    s = jas.static_scale(128.0)
-    assert s.adjust(True) is s and s.adjust(False) is s
-    assert float(s.loss_scale) == 128.0 and s.drop_overflow_update
+    s = jas.static_scaler(128.0)
+    assert s.update(True) is s and s.update(False) is s
+    assert float(s.scale) == 128.0 and s.drop_overflow_update
     # the core rule on its state also keeps the scale (factors 1.0)
     assert float(jas.update_scale(s.scale_state, True).scale) == 128.0
-    n = jas.no_op_scale()
-    assert n.adjust(True) is n and float(n.loss_scale) == 1.0 and n.is_identity
+    n = jas.no_op_scaler()
+    assert n.update(True) is n and float(n.scale) == 1.0 and n.is_identity
     _, found = n.unscale_and_check({"w": jnp.array([np.nan])})
     assert bool(found)
 
 
 def test_adjust_axis_name_or_reduces():
-    k = jas.dynamic_scale(8.0, 2.0, 0.5, 100)
+    k = jas.dynamic_scaler(8.0, 2.0, 0.5, 100)
     found = jnp.array([False, True, False])
-    out = jax.vmap(lambda f: k.adjust(f, axis_name="i").loss_scale, axis_name="i")(found)
+    out = jax.vmap(lambda f: k.update(f, axis_name="i").scale, axis_name="i")(found)
     np.testing.assert_array_equal(out, [4.0, 4.0, 4.0])
 
 
-def test_as_loss_scale():
+def test_as_scaler():
+    from jax_amp_scale.training.scalers import as_scaler
+
     st_ = jas.init_scale_state(4.0)
-    k = jas.as_loss_scale(st_)
-    assert isinstance(k, jas.DynamicScale) and k.scale_state is st_
-    assert isinstance(jas.as_loss_scale(None), jas.DynamicScale)
-    n = jas.no_op_scale()
-    assert jas.as_loss_scale(n) is n
-    with pytest.raises(TypeError, match="scale must be"):
-        jas.as_loss_scale(1024.0)
+    k = as_scaler(st_)
+    assert isinstance(k, jas.DynamicScaler) and k.scale_state is st_
+    assert isinstance(as_scaler(None), jas.DynamicScaler)
+    n = jas.no_op_scaler()
+    assert as_scaler(n) is n
+    with pytest.raises(TypeError, match="scaler must be"):
+        as_scaler(1024.0)
 
 
 @pytest.mark.parametrize(
@@ -212,20 +214,87 @@ def test_as_loss_scale():
 )
 def test_dynamic_bad_input(kwargs, err, match):
     with pytest.raises(err, match=match):
-        jas.dynamic_scale(**kwargs)
+        jas.dynamic_scaler(**kwargs)
 
 
 def test_dynamic_max_scale_must_fit_dtype():
     with pytest.raises(ValueError, match="max_scale"):
-        jas.dynamic_scale(1024.0, dtype=jnp.float16, max_scale=1e6)
+        jas.dynamic_scaler(1024.0, dtype=jnp.float16, max_scale=1e6)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_static_bad_scale_names_the_argument(bad):
+    """Issue 24's trap 3: the message names `scale`, the argument passed."""
+    with pytest.raises(ValueError, match=r"^scale must be a finite number > 0"):
+        jas.static_scaler(bad)
 
 
 def test_static_bad_input():
-    with pytest.raises(ValueError, match="init_scale"):
-        jas.static_scale(0.0)
-    with pytest.raises(ValueError, match="init_scale"):
-        jas.static_scale(2.0**16, dtype=jnp.float16)
+    with pytest.raises(ValueError, match=r"^scale=65536.0 is not finite in float16"):
+        jas.static_scaler(2.0**16, dtype=jnp.float16)
     with pytest.raises(TypeError, match="drop_overflow_update"):
-        jas.static_scale(8.0, drop_overflow_update="yes")
+        jas.static_scaler(8.0, drop_overflow_update="yes")
     with pytest.raises(TypeError, match="found_inf"):
-        jas.static_scale(8.0).adjust("x")
+        jas.static_scaler(8.0).update("x")
+
+
+@pytest.mark.parametrize("scaler", KINDS, ids=lambda k: type(k).__name__)
+def test_jmp_style_adjust_raises_with_the_fix(scaler):
+    """jmp's ``adjust(grads_finite)`` has the opposite flag: never silently inverted."""
+    with pytest.raises(TypeError, match=r"scaler.update\(~grads_finite\)"):
+        scaler.adjust(jnp.array(True))
+    with pytest.raises(TypeError, match=r"GOOD step"):
+        jax.jit(lambda s: s.adjust(True))(scaler)
+
+
+def test_update_has_torch_polarity():
+    s = jas.dynamic_scaler(8.0, growth_interval=1)
+    assert float(s.update(True).scale) == 4.0  # found_inf: back off
+    assert float(s.update(False).scale) == 16.0
+    grads_finite = jnp.array(False)  # jmp's flag for an overflow step
+    assert float(s.update(~grads_finite).scale) == 4.0
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("DynamicScale", "DynamicScaler"),
+        ("StaticScale", "StaticScaler"),
+        ("NoOpScale", "NoOpScaler"),
+        ("LossScale", "Scaler"),
+        ("dynamic_scale", "dynamic_scaler"),
+        ("static_scale", "static_scaler"),
+        ("no_op_scale", "no_op_scaler"),
+    ],
+)
+def test_old_names_are_deprecated_aliases(old, new):
+    with pytest.warns(DeprecationWarning, match=rf"jax_amp_scale.{old} is deprecated; use .*{new}"):
+        alias = getattr(jas, old)
+    assert alias is getattr(jas, new)
+    assert old not in dir(jas) and old not in jas.__all__
+
+
+def test_old_attributes_warn():
+    s = jas.dynamic_scaler(8.0)
+    with pytest.warns(DeprecationWarning, match=r"use scaler.scale"):
+        assert float(s.loss_scale) == 8.0
+    with pytest.warns(DeprecationWarning, match="scaler_for"):
+        from jax_amp_scale.policy import loss_scale_for
+
+        assert isinstance(loss_scale_for("O2"), jas.DynamicScaler)
+    with pytest.warns(DeprecationWarning):
+        jas.as_loss_scale(None)
+
+
+def test_public_surface():
+    """About 25 names, and dir() shows nothing else (no importlib, Any, subpackages)."""
+    import jax_amp_scale.optax  # noqa: F401  (a loaded subpackage must not show either)
+
+    assert len(jas.__all__) == 25 and len(set(jas.__all__)) == 25
+    assert dir(jas) == sorted([*jas.__all__, "__version__"])
+    for name in jas.__all__:
+        assert getattr(jas, name) is not None
+    for hidden in ("importlib", "Any", "training", "ops", "state", "dispatch"):
+        assert hidden not in dir(jas)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        jas.nothing  # noqa: B018

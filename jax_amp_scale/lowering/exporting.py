@@ -1,0 +1,81 @@
+"""`jax.export` of steps that call the library's native handlers.
+
+`jax.export` serializes a custom call only when its target is on JAX's list
+of targets with compatibility guarantees, or when the caller disables that
+check for the target by name.  The library gives the guarantee itself: every
+FFI target name carries the version of its operands and attributes
+(ffi/targets.h), a change gets a new name, and every older name stays
+registered with a handler for its own set (tests/fixtures/ holds an
+artifact every release must run with the same bits).  So the check is
+disabled here for exactly those names and no other:
+
+- `export(fun, ...)`: `jax.export.export` with the library's targets
+  allowed (and your own `disabled_checks` added).
+- `deserialize(blob)`: registers the native handlers, then
+  `jax.export.deserialize`.  Call it (or `register_handlers`) in the process
+  that runs an artifact: a fresh process has not registered them yet.
+- `exportable_targets()`: the names, for a call of `jax.export.export`
+  written by hand.
+
+Pytrees: `ScaleState` is registered for serialization by the state layer
+(``"jax_amp_scale.ScaleState"``), the training states by the training layer.
+Serializing needs the ``flatbuffers`` package (the ``export`` extra).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax import export as jax_export
+
+from jax_amp_scale.platforms import native, registry
+
+
+def exportable_targets() -> tuple[str, ...]:
+    """Every FFI target name of this library that a serialized program may call:
+    the current versions and the older ones still served, sorted."""
+    return tuple(sorted(native.served_targets()))
+
+
+def register_handlers() -> None:
+    """Registers the native handlers with XLA, every served version (idempotent).
+
+    Running a deserialized artifact that calls them needs this first in a
+    process that has not run a library step yet; `deserialize` does it.
+    """
+    for op in registry.OPERATORS:
+        native.platforms(op)
+
+
+def export(
+    fun: Callable[..., Any],
+    *,
+    platforms: Sequence[str] | None = None,
+    disabled_checks: Sequence[jax_export.DisabledSafetyCheck] = (),
+    **kwargs: Any,
+) -> Callable[..., jax_export.Exported]:
+    """`jax.export.export(fun, ...)` with the library's custom calls allowed.
+
+    `fun` is jitted if it is not already.  `platforms`, `disabled_checks`
+    (added to the library's own) and the other keywords go to
+    `jax.export.export`.  Host callbacks (``jax.debug.callback``) still fail
+    to serialize: build the step without them (see the README's export
+    section).
+    """
+    checks = [jax_export.DisabledSafetyCheck.custom_call(t) for t in exportable_targets()]
+    if not hasattr(fun, "lower"):
+        fun = jax.jit(fun)
+    return jax_export.export(
+        fun,  # type: ignore[arg-type]
+        platforms=platforms,
+        disabled_checks=[*checks, *disabled_checks],
+        **kwargs,
+    )
+
+
+def deserialize(blob: bytes | bytearray) -> jax_export.Exported:
+    """`jax.export.deserialize(blob)` after `register_handlers()`."""
+    register_handlers()
+    return jax_export.deserialize(blob)  # type: ignore[arg-type]

@@ -1,0 +1,167 @@
+"""Composable pieces around `loss_scaled`, each an optax transformation.
+
+- `accumulate_gradients(loss_scaled(inner), k)`: torch ``GradScaler``'s
+  gradient accumulation, outside the loss scaling;
+- `clip_grad_norm(max_norm)`: torch's ``clip_grad_norm_``, inside it
+  (``loss_scaled(optax.chain(clip_grad_norm(1.0), inner))``), so it clips
+  unscaled gradients and records the norm.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jax_amp_scale.reference.gradient_pass import compute_dtype, is_float_leaf
+from jax_amp_scale.training import _export, helpers
+from jax_amp_scale.training.optax import (
+    LossScaled,
+    positive_int,
+    strongly_typed,
+)
+
+
+class AccumulationState(NamedTuple):
+    """State of `accumulate_gradients`.
+
+    Attributes:
+      inner_state: the wrapped transformation's state (a `LossScaledState`
+        when it wraps `loss_scaled`); changed only on the k-th call.
+      mini_step: int32 position inside the window, 0 to k - 1.
+      acc_grads: the sum of this window's scaled gradients so far (floating
+        leaves in the parameters' dtypes; other leaves hold a placeholder).
+    """
+
+    inner_state: Any
+    mini_step: jax.Array
+    acc_grads: Any
+
+
+class ClipGradNormState(NamedTuple):
+    """State of `clip_grad_norm`: ``norm``, the float32 global norm of the
+    gradients of the last applied step, before clipping (torch's return value)."""
+
+    norm: jax.Array
+
+
+_export.register_namedtuple(AccumulationState)
+_export.register_namedtuple(ClipGradNormState)
+
+
+def _accumulator(params: Any) -> Any:
+    return jax.tree_util.tree_map(
+        lambda p: jnp.zeros_like(p) if is_float_leaf(p) else jnp.zeros((), jnp.int32), params
+    )
+
+
+def accumulate_gradients(inner: optax.GradientTransformation, k: int) -> LossScaled:
+    """Gradient accumulation over `k` calls with torch ``GradScaler``'s semantics.
+
+    Wrap the loss-scaled optimizer: ``accumulate_gradients(loss_scaled(inner),
+    k)``, and feed every micro-batch's *scaled* gradients.  They are summed in
+    the parameters' dtypes (torch's ``.grad``); on the k-th call the sum
+    divided by `k` (the mean; exact for `k` a power of two) goes to `inner`,
+    which unscales and checks it, steps or skips, and updates the scale once
+    per window.  An overflow in any micro-batch makes the sum non-finite, so
+    the whole window is skipped.  The other calls return zero updates and
+    leave `inner`'s state untouched.  The accumulator is reset by a select,
+    not a product, so no NaN survives the window.
+
+    `LossScaledState`'s counters thus count optimizer steps (windows):
+    3 skipped windows of 4 read ``skipped_steps == 3, total_steps == 4``.
+    Divide nothing yourself: the mean matches a torch loop that divides each
+    micro-batch loss by `k`.
+    """
+    k_ = positive_int(k, "k", allow_none=False)
+    assert k_ is not None
+    if not isinstance(inner, optax.GradientTransformation):
+        raise TypeError(
+            f"inner must be an optax GradientTransformation, got {type(inner).__name__}"
+        )
+    inner = optax.with_extra_args_support(inner)
+
+    def init_fn(params: Any) -> AccumulationState:
+        return AccumulationState(inner.init(params), jnp.zeros((), jnp.int32), _accumulator(params))
+
+    def update_fn(
+        updates: Any, state: AccumulationState, params: Any = None, **extra_args: Any
+    ) -> tuple[Any, AccumulationState]:
+        if not isinstance(state, AccumulationState):
+            raise TypeError(f"state must be an AccumulationState, got {type(state).__name__}")
+        total = jax.tree_util.tree_map(
+            lambda a, g: (a + g).astype(a.dtype) if is_float_leaf(g) else g,
+            state.acc_grads,
+            updates,
+        )
+        emit = state.mini_step == k_ - 1
+
+        def mean(tree: Any) -> Any:
+            def one(x: Any) -> Any:
+                if not is_float_leaf(x) or k_ == 1:
+                    return x
+                return (x.astype(compute_dtype(x.dtype)) / k_).astype(x.dtype)
+
+            return jax.tree_util.tree_map(one, tree)
+
+        def step(operands: tuple[Any, Any]) -> tuple[Any, Any]:
+            g, st = operands
+            return strongly_typed(inner.update(mean(g), st, params, **extra_args))
+
+        def wait(operands: tuple[Any, Any]) -> tuple[Any, Any]:
+            # Types from an abstract trace: the inner step must not run here
+            # (its host reports would fire on a half window).
+            shapes = jax.eval_shape(step, operands)
+            zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[0])
+            return zeros, jax.tree_util.tree_map(_typed_as, operands[1], shapes[1])
+
+        new_updates, new_inner = jax.lax.cond(emit, step, wait, (total, state.inner_state))
+        acc = jax.tree_util.tree_map(
+            lambda a, t: jax.lax.select(emit, jnp.zeros_like(a), t) if is_float_leaf(a) else a,
+            state.acc_grads,
+            total,
+        )
+        mini = jnp.where(emit, 0, state.mini_step + 1).astype(jnp.int32)
+        return new_updates, AccumulationState(new_inner, mini, acc)
+
+    return LossScaled(init_fn, update_fn)
+
+
+def _typed_as(value: Any, struct: Any) -> jax.Array:
+    """`value` (an old state leaf, maybe a Python number) in `struct`'s dtype and shape."""
+    out = jnp.asarray(value)
+    if out.dtype != struct.dtype:
+        out = out.astype(struct.dtype)
+    if out.shape != struct.shape:
+        out = jnp.broadcast_to(out, struct.shape)
+    return out
+
+
+def clip_grad_norm(max_norm: float | None) -> optax.GradientTransformation:
+    """torch's ``clip_grad_norm_`` as an optax transformation; records the norm.
+
+    Floating leaves are multiplied by ``min(1, max_norm / (norm + 1e-6))``,
+    ``norm`` being the float32 global norm (the norm of the per-leaf norms),
+    which the state keeps (`ClipGradNormState`).  ``max_norm=None`` records
+    the norm without clipping.  Put it inside `loss_scaled` so that it sees
+    unscaled gradients: ``loss_scaled(optax.chain(clip_grad_norm(1.0),
+    optax.adam(1e-3)))``; a skipped step keeps the previous norm.
+    """
+    limit = None if max_norm is None else helpers.check_max_norm(max_norm, "max_norm")
+
+    def init_fn(params: Any) -> ClipGradNormState:
+        del params
+        return ClipGradNormState(jnp.zeros((), jnp.float32))
+
+    def update_fn(
+        updates: Any, state: ClipGradNormState, params: Any = None
+    ) -> tuple[Any, ClipGradNormState]:
+        del params
+        norm = helpers.global_norm(updates)
+        if limit is not None:
+            updates = helpers.clip_to_norm(updates, norm, limit)
+        return updates, ClipGradNormState(norm)
+
+    return optax.GradientTransformation(init_fn, update_fn)

@@ -1,0 +1,376 @@
+"""Scalers: the object that holds a `ScaleState` and the policy adjusting it.
+
+Three kinds share one interface (`Scaler`), each an immutable pytree holding
+exactly one core `ScaleState`:
+
+- `DynamicScaler` (`dynamic_scaler`): torch ``GradScaler``'s rule, with
+  optional bounds and hysteresis;
+- `StaticScaler` (`static_scaler`): a fixed scale;
+- `NoOpScaler` (`no_op_scaler`): no scaling, only the non-finite check.
+
+Vocabulary: the *scale* is the number the loss is multiplied by
+(``scaler.scale``, a float array); the *scaler* is this object.  Methods:
+``scale_loss(loss)``, ``unscale(grads)``, ``unscale_and_check(grads)`` and
+``update(found_inf)`` (torch's name and polarity: True means an overflow).
+jmp's ``adjust(grads_finite)`` takes the opposite flag, so ``adjust`` raises
+a TypeError that shows the fix instead of silently inverting it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import warnings
+from collections.abc import Hashable
+from typing import Any, NoReturn, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_amp_scale.ops.update_scale import or_across, update_scale
+from jax_amp_scale.state.scale_state import (
+    DEFAULT_BACKOFF_FACTOR,
+    DEFAULT_GROWTH_FACTOR,
+    DEFAULT_GROWTH_INTERVAL,
+    DEFAULT_INIT_SCALE,
+    DEFAULT_RULE,
+    INT32_MAX,
+    ScaleState,
+    check_factor,
+    check_scale_dtype,
+    init_scale_state,
+)
+from jax_amp_scale.state.validation import Backend, check_bool, found_to_bool
+from jax_amp_scale.training import _export, helpers
+
+PyTree = Any
+
+ADJUST_ERROR = (
+    "{cls}.adjust does not exist here: jmp's adjust(grads_finite) takes True for a GOOD "
+    "step, and this library's flag is torch's found_inf (True for an overflow). Write "
+    "scaler = scaler.update(found_inf), or from jmp code scaler = scaler.update(~grads_finite)."
+)
+
+
+@runtime_checkable
+class Scaler(Protocol):
+    """The interface of `DynamicScaler`, `StaticScaler` and `NoOpScaler`."""
+
+    @property
+    def scale(self) -> jax.Array: ...
+
+    @property
+    def scale_state(self) -> ScaleState: ...
+
+    @property
+    def drop_overflow_update(self) -> bool: ...
+
+    @property
+    def is_identity(self) -> bool: ...
+
+    def scale_loss(self, loss: PyTree) -> PyTree: ...
+
+    def unscale(self, grads: PyTree) -> PyTree: ...
+
+    def unscale_and_check(
+        self, grads: PyTree, *, backend: Backend = "auto"
+    ) -> tuple[PyTree, jax.Array]: ...
+
+    def update(
+        self, found_inf: Any, *, axis_name: Hashable | None = None, backend: Backend = "auto"
+    ) -> Scaler: ...
+
+
+class _Common:
+    """What every scaler shares; subclasses define ``state`` and ``update``."""
+
+    state: ScaleState
+
+    @property
+    def is_identity(self) -> bool:
+        return False
+
+    @property
+    def scale(self) -> jax.Array:
+        """The current scale (float array, shape () or (1,))."""
+        return self.state.scale
+
+    @property
+    def scale_state(self) -> ScaleState:
+        return self.state
+
+    @property
+    def loss_scale(self) -> jax.Array:
+        """Deprecated: use ``scaler.scale``."""
+        warnings.warn(
+            "scaler.loss_scale is deprecated; use scaler.scale", DeprecationWarning, stacklevel=2
+        )
+        return self.state.scale
+
+    def scale_loss(self, loss: PyTree) -> PyTree:
+        """``loss * scale`` (see `jax_amp_scale.scale_loss`)."""
+        return helpers.scale_loss(loss, self)
+
+    def unscale(self, grads: PyTree) -> PyTree:
+        """Every floating leaf times ``float32(1 / scale)``."""
+        return helpers.unscale(grads, self)
+
+    def unscale_and_check(
+        self, grads: PyTree, *, backend: Backend = "auto"
+    ) -> tuple[PyTree, jax.Array]:
+        """``(unscaled, found_inf)`` (see `jax_amp_scale.unscale_and_check`)."""
+        return helpers.unscale_and_check(grads, self, backend=backend)
+
+    def adjust(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError(ADJUST_ERROR.format(cls=type(self).__name__))
+
+
+def _found(found_inf: Any, state: ScaleState, axis_name: Hashable | None) -> jax.Array:
+    return or_across(found_to_bool(found_inf, tuple(state.scale.shape)), axis_name)
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicScaler(_Common):
+    """torch ``GradScaler``'s dynamic scale, optionally bounded and with hysteresis.
+
+    ``update`` runs the core `update_scale` and then, only where configured,
+    corrects its result::
+
+      found = found_inf (OR-reduced over axis_name)
+      left  = hysteresis if not found else max(left - 1, 0)
+      new   = update_scale(state, found)             # the core rule, untouched
+      if found and left > 0:                          # a tolerated overflow
+          new.scale = state.scale                     # (tracker still resets)
+      new.scale = clip(new.scale, min_scale, max_scale)
+
+    With the defaults (no bounds, ``hysteresis=1``) ``update`` equals
+    `update_scale` bit for bit.  Build one with `dynamic_scaler`.
+
+    Leaves: ``state`` (the core `ScaleState`), ``hysteresis_left`` (int32,
+    shape of the scale).  Static: ``min_scale``, ``max_scale`` (floats or
+    None), ``hysteresis`` (int >= 1), ``drop_overflow_update`` (bool).
+    """
+
+    state: ScaleState
+    hysteresis_left: jax.Array
+    min_scale: float | None = None
+    max_scale: float | None = None
+    hysteresis: int = 1
+    drop_overflow_update: bool = True  # type: ignore[misc]
+
+    def update(
+        self, found_inf: Any, *, axis_name: Hashable | None = None, backend: Backend = "auto"
+    ) -> DynamicScaler:
+        """The scaler after one step; `found_inf` True (nonzero, NaN) is an overflow."""
+        found = _found(found_inf, self.state, axis_name)
+        new = update_scale(self.state, found, backend)
+        scale = new.scale
+        old = self.hysteresis_left
+        left = jnp.where(
+            found, jnp.maximum(old - 1, 0), jnp.full_like(old, self.hysteresis)
+        ).astype(jnp.int32)
+        if self.hysteresis > 1:  # with 1, left > 0 never holds after an overflow
+            scale = jnp.where(found & (left > 0), self.state.scale, scale)
+        if self.min_scale is not None or self.max_scale is not None:
+            dt = scale.dtype
+            lo = None if self.min_scale is None else jnp.asarray(self.min_scale, dt)
+            hi = None if self.max_scale is None else jnp.asarray(self.max_scale, dt)
+            scale = jnp.clip(scale, lo, hi)
+        return dataclasses.replace(
+            self, state=dataclasses.replace(new, scale=scale), hysteresis_left=left
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticScaler(_Common):
+    """A fixed scale (MindSpore's ``FixedLossScaleManager``).
+
+    ``update`` validates `found_inf` and returns the scaler unchanged.  Its
+    `ScaleState` has factors 1.0, so even `update_scale` keeps the scale.
+
+    Leaves: ``state``.  Static: ``drop_overflow_update``.
+    """
+
+    state: ScaleState
+    drop_overflow_update: bool = True  # type: ignore[misc]
+
+    def update(
+        self, found_inf: Any, *, axis_name: Hashable | None = None, backend: Backend = "auto"
+    ) -> StaticScaler:
+        _found(found_inf, self.state, None)  # validates; the decision is unused
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class NoOpScaler(_Common):
+    """No scaling (bfloat16/float32 runs): scale 1, nothing multiplied.
+
+    ``unscale_and_check`` still reports non-finite gradients, so overflow
+    steps are skipped unless ``drop_overflow_update=False``.
+
+    Leaves: ``state`` (scale 1.0).  Static: ``drop_overflow_update``.
+    """
+
+    state: ScaleState
+    drop_overflow_update: bool = True  # type: ignore[misc]
+
+    @property
+    def is_identity(self) -> bool:
+        return True
+
+    def update(
+        self, found_inf: Any, *, axis_name: Hashable | None = None, backend: Backend = "auto"
+    ) -> NoOpScaler:
+        _found(found_inf, self.state, None)
+        return self
+
+
+# Leaves and static fields are declared once, here, and registered for
+# jax.export serialization under the same names.
+_META = {
+    DynamicScaler: ["min_scale", "max_scale", "hysteresis", "drop_overflow_update"],
+    StaticScaler: ["drop_overflow_update"],
+    NoOpScaler: ["drop_overflow_update"],
+}
+for _cls, _meta in _META.items():
+    _data = [f.name for f in dataclasses.fields(_cls) if f.name not in _meta]
+    jax.tree_util.register_dataclass(_cls, data_fields=_data, meta_fields=_meta)
+    _export.register_dataclass(_cls, _meta)
+
+SCALERS = (DynamicScaler, StaticScaler, NoOpScaler)
+
+
+def _fixed_state(value: float, dtype: Any, shape: tuple[int, ...]) -> ScaleState:
+    # Factors 1.0: the core rule keeps this scale fixed whatever happens.
+    return init_scale_state(value, 1.0, 1.0, INT32_MAX, dtype=dtype, shape=shape)
+
+
+def _optional_bound(value: Any, name: str) -> float | None:
+    return None if value is None else check_factor(value, name)
+
+
+def dynamic_scaler(
+    init_scale: float = DEFAULT_INIT_SCALE,
+    growth_factor: float = DEFAULT_GROWTH_FACTOR,
+    backoff_factor: float = DEFAULT_BACKOFF_FACTOR,
+    growth_interval: int = DEFAULT_GROWTH_INTERVAL,
+    *,
+    min_scale: float | None = None,
+    max_scale: float | None = None,
+    hysteresis: int = 1,
+    drop_overflow_update: bool = True,
+    dtype: Any = jnp.float32,
+    shape: tuple[int, ...] = (),
+    rule: str = DEFAULT_RULE,
+) -> DynamicScaler:
+    """A `DynamicScaler`; defaults equal torch's ``GradScaler`` (2**16, 2.0, 0.5, 2000).
+
+    Args:
+      init_scale, growth_factor, backoff_factor, growth_interval, dtype, shape,
+        rule: as in `init_scale_state` (``rule="cann"``: CANN's arithmetic).
+      min_scale, max_scale: optional bounds (finite, > 0, ``min <= init <=
+        max``): the scale never leaves ``[min_scale, max_scale]``.
+      hysteresis: overflows tolerated in a row (int >= 1) before backing off,
+        as DeepSpeed/Megatron; every overflow step is still skipped.
+      drop_overflow_update: whether `loss_scaled` and `Trainer` skip a step
+        whose gradients overflowed (True, torch's behaviour) or apply it.
+    """
+    state = init_scale_state(
+        init_scale,
+        growth_factor,
+        backoff_factor,
+        growth_interval,
+        dtype=dtype,
+        shape=shape,
+        rule=rule,
+    )
+    # Legal for the operator, but a training scale that grows on overflow or
+    # shrinks on success is a typo.
+    if state.backoff_factor >= 1.0:
+        warnings.warn(
+            f"dynamic_scaler: backoff_factor={backoff_factor} >= 1 does not reduce the scale "
+            "on an overflow; use a value in (0, 1), such as torch's 0.5",
+            UserWarning,
+            stacklevel=2,
+        )
+    if state.growth_factor <= 1.0:
+        warnings.warn(
+            f"dynamic_scaler: growth_factor={growth_factor} <= 1 does not grow the scale "
+            "after growth_interval finite steps; use a value > 1, such as torch's 2.0 "
+            "(or static_scaler(x) for a fixed scale)",
+            UserWarning,
+            stacklevel=2,
+        )
+    lo = _optional_bound(min_scale, "min_scale")
+    hi = _optional_bound(max_scale, "max_scale")
+    if lo is not None and hi is not None and lo > hi:
+        raise ValueError(f"min_scale ({lo}) must be <= max_scale ({hi})")
+    init = float(init_scale)
+    if (lo is not None and init < lo) or (hi is not None and init > hi):
+        raise ValueError(
+            f"init_scale ({init}) must lie within [min_scale, max_scale] = [{lo}, {hi}]"
+        )
+    if hi is not None and hi > float(jnp.finfo(state.scale.dtype).max):
+        raise ValueError(f"max_scale={hi} is not finite in {state.scale.dtype}")
+    if isinstance(hysteresis, bool) or not isinstance(hysteresis, numbers.Integral):
+        raise TypeError(f"hysteresis must be an int >= 1, got {hysteresis!r}")
+    if not 1 <= int(hysteresis) <= INT32_MAX:
+        raise ValueError(f"hysteresis must be an int in [1, {INT32_MAX}], got {hysteresis}")
+    return DynamicScaler(
+        state=state,
+        hysteresis_left=jnp.full(state.scale.shape, int(hysteresis), jnp.int32),
+        min_scale=lo,
+        max_scale=hi,
+        hysteresis=int(hysteresis),
+        drop_overflow_update=check_bool(drop_overflow_update, "drop_overflow_update"),
+    )
+
+
+def static_scaler(
+    scale: float,
+    *,
+    drop_overflow_update: bool = True,
+    dtype: Any = jnp.float32,
+    shape: tuple[int, ...] = (),
+) -> StaticScaler:
+    """A `StaticScaler` of `scale` (finite, > 0, finite in `dtype`)."""
+    value = check_factor(scale, "scale")
+    dt = check_scale_dtype(dtype)
+    with np.errstate(over="ignore"):
+        stored = float(np.float32(np.asarray(value, dt)))
+    if not math.isfinite(stored):
+        raise ValueError(
+            f"scale={scale!r} is not finite in {dt.name} (max {float(jnp.finfo(dt).max)})"
+        )
+    return StaticScaler(
+        state=_fixed_state(value, dt, shape),
+        drop_overflow_update=check_bool(drop_overflow_update, "drop_overflow_update"),
+    )
+
+
+def no_op_scaler(*, drop_overflow_update: bool = True) -> NoOpScaler:
+    """A `NoOpScaler`: no scaling; non-finite steps skipped unless told otherwise."""
+    return NoOpScaler(
+        state=_fixed_state(1.0, jnp.float32, ()),
+        drop_overflow_update=check_bool(drop_overflow_update, "drop_overflow_update"),
+    )
+
+
+def as_scaler(value: Any, name: str = "scaler") -> DynamicScaler | StaticScaler | NoOpScaler:
+    """`value` as a scaler: scalers pass through, a `ScaleState` becomes a
+    `DynamicScaler` without bounds or hysteresis, None the default dynamic one."""
+    if value is None:
+        return dynamic_scaler()
+    if isinstance(value, SCALERS):
+        return value
+    if isinstance(value, ScaleState):
+        return DynamicScaler(
+            state=value, hysteresis_left=jnp.ones(jnp.shape(value.scale), jnp.int32)
+        )
+    raise TypeError(
+        f"{name} must be a DynamicScaler, StaticScaler, NoOpScaler or ScaleState "
+        f"(build one with dynamic_scaler(), static_scaler(x) or no_op_scaler()); "
+        f"got {type(value).__name__}"
+    )

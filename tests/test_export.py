@@ -1,0 +1,161 @@
+"""jax.export of library steps: serialized, run in a fresh process, same bits.
+
+Oracles: the unexported step's outputs (bits), computed in another process;
+the artifacts committed in tests/fixtures/ (made by an earlier release, run
+by this one); the older FFI attribute sets called by hand.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_amp_scale as jas
+from jax_amp_scale import export
+from tests import export_worker
+from tests.fixtures import make_export_fixtures as fx
+
+pytest.importorskip("flatbuffers")  # jax.export's serializer (the "export" extra)
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FIXTURES = sorted(fx.HERE.glob("*.jax_exported"))
+
+
+def _run_worker(*args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.export_worker", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("name", sorted(fx.STEP_FACTORIES))
+@pytest.mark.parametrize("backend", ["auto", "ffi", "reference"])
+def test_round_trip_in_a_fresh_process_gives_the_unexported_bits(tmp_path, name, backend):
+    # One process exports, serializes and runs the unexported step; a fresh
+    # one (no library call before) deserializes, runs and compares bits.
+    _run_worker("save", name, backend, str(tmp_path))
+    mlir = export.deserialize((tmp_path / "step.bin").read_bytes()).mlir_module()
+    if backend == "reference":
+        assert "jas_" not in mlir
+    else:  # the native handlers on CPU, under their versioned names
+        assert "jas_unscale_and_check_v1" in mlir and "jas_update_scale_v2" in mlir
+    assert "same bits" in _run_worker("check", str(tmp_path))
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
+def test_committed_artifacts_still_run_with_the_same_bits(path):
+    # Made by an earlier release (tests/fixtures/make_export_fixtures.py);
+    # never regenerated: a failure here breaks users' deployed artifacts.
+    data = dict(np.load(path.with_suffix(".npz")))
+    got, want = export_worker.run_artifact(path.read_bytes(), data)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g.view(f"u{g.itemsize}"), w.view(f"u{w.itemsize}"))
+
+
+def test_every_committed_step_has_a_fixture():
+    assert {p.stem for p in FIXTURES} == set(fx.STEPS)
+
+
+def test_jax_alone_refuses_our_targets_and_the_helper_allows_exactly_them():
+    state = jas.init_scale_state()
+    step = jax.jit(lambda g, s: jas.unscale_and_check(g, s, backend="ffi"))
+    args = ([jnp.ones(3)], state)
+    with pytest.raises(ValueError, match="jas_unscale_and_check_v1"):
+        jax.export.export(step)(*args).serialize()
+    assert export.export(step)(*args).serialize()
+    assert set(export.exportable_targets()) == {
+        "jas_update_scale_v2",
+        "jas_update_scale_v1",
+        "jas_update_scale",
+        "jas_unscale_and_check_v1",
+        "jas_unscale_and_check",
+    }
+
+
+def test_scale_state_serializes_with_its_static_fields():
+    state = jas.init_scale_state(
+        3.0, growth_factor=1.1, backoff_factor=0.3, growth_interval=7, rule="cann"
+    )
+    exp = export.export(lambda s: jas.update_scale(s, jnp.array(True), backend="reference"))(state)
+    back = export.deserialize(exp.serialize())
+    out = back.call(state)
+    assert (out.growth_factor, out.backoff_factor, out.growth_interval, out.rule) == (
+        1.1,
+        0.3,
+        7,
+        "cann",
+    )
+    assert out.scale.dtype == jnp.float32 and float(out.scale) == float(
+        jas.update_scale(state, jnp.array(True), backend="reference").scale
+    )
+
+
+@pytest.mark.parametrize(
+    ("target", "attrs"),
+    [
+        ("jas_update_scale_v1", {}),  # the attribute set before "rule"
+        ("jas_update_scale", {}),  # the unversioned name, either set
+        ("jas_update_scale", {"rule": "torch"}),
+        ("jas_update_scale_v2", {"rule": "torch"}),
+    ],
+)
+def test_older_attribute_sets_are_still_served(target, attrs):
+    export.register_handlers()
+    scale = jnp.array([2.0**20, 2.0**20, 3.0, 1.5], jnp.float32)
+    tracker = jnp.array([6, 2, 0, 6], jnp.int32)
+    found = jnp.array([0.0, 0.0, 1.0, 0.0], jnp.float32)
+    call = jax.ffi.ffi_call(
+        target,
+        (jax.ShapeDtypeStruct((4,), jnp.float32), jax.ShapeDtypeStruct((4,), jnp.int32)),
+    )
+    got = jax.jit(
+        lambda s, t, f: call(
+            s,
+            t,
+            f,
+            growth_factor=np.float64(1.1),
+            backoff_factor=np.float64(0.5),
+            growth_interval=np.int64(7),
+            **attrs,
+        )
+    )(scale, tracker, found)
+    want = jax.vmap(
+        lambda s, t, f: jas.amp_update_scale(
+            s, t, f, growth_factor=1.1, backoff_factor=0.5, growth_interval=7, backend="reference"
+        )
+    )(scale, tracker, found)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_the_unversioned_update_scale_refuses_unknown_attributes():
+    export.register_handlers()
+    call = jax.ffi.ffi_call(
+        "jas_update_scale",
+        (jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32)),
+    )
+    with pytest.raises(Exception, match="optionally rule"):
+        jax.jit(
+            lambda: call(
+                jnp.float32(1.0),
+                jnp.int32(0),
+                jnp.float32(0.0),
+                growth_factor=np.float64(2.0),
+                backoff_factor=np.float64(0.5),
+                growth_interval=np.int64(7),
+                extra=np.int64(1),
+            )
+        )()
