@@ -319,13 +319,19 @@ def test_scale_reaching_zero_or_floor_warns():
 
 
 def test_host_callbacks_off_for_jax_export():
-    """Host callbacks cannot be serialized: host_callbacks=False exports."""
+    """Host callbacks cannot be serialized: host_callbacks=False exports
+    (serialized and deserialized; tests/test_export.py runs it in a fresh
+    process)."""
     from jax import export
 
+    from jax_amp_scale import export as jas_export
+    from tests.fixtures.make_export_fixtures import register_optax_states
+
+    register_optax_states()  # sgd's EmptyState, by name
     tx = loss_scaled(optax.sgd(1.0), backend="reference", host_callbacks=False)
     st = tx.init(jnp.zeros(3))
-    exp = export.export(jax.jit(tx.update))(jnp.ones(3), st, jnp.zeros(3))
-    u, st2 = exp.call(jnp.full(3, jnp.inf), st, jnp.zeros(3))
+    blob = jas_export.export(tx.update)(jnp.ones(3), st, jnp.zeros(3)).serialize()
+    u, st2 = jas_export.deserialize(blob).call(jnp.full(3, jnp.inf), st, jnp.zeros(3))
     np.testing.assert_array_equal(u, np.zeros(3))
     assert bool(st2.found_inf) and int(st2.skipped_steps) == 1
     assert int(st2.consecutive_overflows) == 1

@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import export  # jax 0.6: not an attribute of jax until imported
 
 SCALE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 INT32_MAX = 2**31 - 1
@@ -96,7 +97,7 @@ def _deserialize_auxdata(data: bytes) -> tuple[Any, ...]:
 # For jax.export: a step whose arguments or results hold a ScaleState can be
 # serialized (jax_amp_scale.export).  The name is part of every artifact:
 # never change it.
-jax.export.register_pytree_node_serialization(
+export.register_pytree_node_serialization(
     ScaleState,
     serialized_name="jax_amp_scale.ScaleState",
     serialize_auxdata=_serialize_auxdata,

@@ -165,7 +165,7 @@ class Trainer:
 
         grads, (loss, aux) = jax.grad(scaled, has_aux=True)(params)
         if self.axis_name is not None:
-            grads = replicas.mean_gradients(grads, self.axis_name)
+            grads = replicas.mean_gradients(grads, self.axis_name, loss=loss)
             loss = jax.lax.pmean(loss, self.axis_name)
         scale_used = helpers.scale_value(state)
         updates, new_state = self.tx.update(grads, state, params)

@@ -336,7 +336,7 @@ def _loss_scaled(backend, axis_name):
 
     return jax_amp_scale.optax.loss_scaled(
         optax.sgd(0.1),
-        jas.dynamic_scale(2.0**10, growth_interval=3),
+        jas.dynamic_scaler(2.0**10, growth_interval=3),
         axis_name=axis_name,
         backend=backend,
     )

@@ -376,7 +376,7 @@ def _optax_steps(backend):
 
     inner = optax.sgd(LR)
     tx = jax_amp_scale.optax.loss_scaled(
-        inner, jas.dynamic_scale(2.0**10, growth_interval=3), backend=backend
+        inner, jas.dynamic_scaler(2.0**10, growth_interval=3), backend=backend
     )
 
     def plain(params, opt_state, x, y):
