@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_amp_scale.state.scale_state import INT32_MAX, ScaleState, init_scale_state
+from jax_amp_scale.state.scale_state import ScaleState, init_scale_state
+from jax_amp_scale.state.validation import INT32_MAX
 from jax_amp_scale.training.helpers import find_scale_state
 
 PyTree = Any
