@@ -185,7 +185,6 @@ def plan(op: str, backend: str, operands: list[Any], attrs: dict[str, Any] | Non
             a.get("rule", "torch"), a.get("growth_factor", 2.0), a.get("backoff_factor", 0.5)
         ):
             have = have - cann
-    target = _target(op)
     partitions = partitioning.partitions(operands)
     if backend == "ffi":
         if not partitions and op == UNSCALE_AND_CHECK:
@@ -194,11 +193,13 @@ def plan(op: str, backend: str, operands: list[Any], attrs: dict[str, Any] | Non
                 "on jax < 0.7 (its collective does not lower there); use backend='auto' "
                 "or 'reference', jax >= 0.7, or call it inside shard_map"
             )
-        return Plan("strict", have, target, cann)
+        return Plan("strict", have, _target(op), cann)
     prefer = frozenset(p for p in have if _auto_prefers(op, p))
     if not prefer or not partitions:
         return Plan("reference", frozenset())
-    return Plan("native", prefer, target, cann)
+    # The target is looked up only for a native plan: without the compiled
+    # modules "auto" plans the reference and must not need their names.
+    return Plan("native", prefer, _target(op), cann)
 
 
 def native_expected(
