@@ -125,3 +125,20 @@ def test_code_fits_the_page():
         if len(line) > 88
     ]
     assert not long, "\n".join(long)
+
+
+def test_no_bare_powers_in_prose():
+    """``2**15 to 2**20`` outside code renders as bold text in Markdown: quote it."""
+    pages = [*PAGES, ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "examples" / "README.md"]
+    bare = re.compile(r"\d\*\*\d")
+    found = []
+    for page in pages:
+        in_fence = False
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                in_fence = not in_fence
+                continue
+            prose = "".join(line.split("`")[::2])  # outside inline code
+            if not in_fence and bare.search(prose):
+                found.append(f"{page.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not found, "write powers as code (`2**15`):\n" + "\n".join(found)
