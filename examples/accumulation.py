@@ -30,21 +30,10 @@ import numpy as np
 import optax
 
 import jax_amp_scale as jas
-import jax_amp_scale.optax as jas_optax
-from jax_amp_scale.optax import get_loss_scaled_state, loss_scaled
+from jax_amp_scale.optax import accumulate_gradients, get_loss_scaled_state, loss_scaled
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stdlib_corpus import load_corpus, random_windows
-
-# TEMPORARY (removed after the API rename lands on main): the new names on the old API.
-dynamic_scaler = getattr(jas, "dynamic_scaler", None) or jas.dynamic_scale
-
-
-def accumulated(inner: optax.GradientTransformation, scaler: object, k: int):
-    if hasattr(jas_optax, "accumulate_gradients"):
-        return jas_optax.accumulate_gradients(loss_scaled(inner, scaler), k)
-    return loss_scaled(inner, scaler, accumulate=k)  # TEMPORARY: the API before the rename
-
 
 CONTEXT, MICRO_ROWS, INJECT_WINDOW = 8, 32, 5
 
@@ -106,9 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     poison_whole = poison_micro.reshape(args.windows, k).max(axis=1)
 
     def make(kk: int) -> optax.GradientTransformation:
-        scaler = dynamic_scaler(2.0**15, growth_interval=10)
+        scaler = jas.dynamic_scaler(2.0**15, growth_interval=10)
         inner = optax.adam(1e-3)
-        return accumulated(inner, scaler, kk) if kk > 1 else loss_scaled(inner, scaler)
+        return (
+            accumulate_gradients(loss_scaled(inner, scaler), kk)
+            if kk > 1
+            else loss_scaled(inner, scaler)
+        )
 
     acc = run(make(k), micro, poison_micro)
     whole = run(make(1), rows, poison_whole)

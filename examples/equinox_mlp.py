@@ -27,9 +27,6 @@ from jax_amp_scale.optax import loss_scaled
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stdlib_corpus import load_corpus, random_windows
 
-# TEMPORARY (removed after the API rename lands on main): the new name on the old API.
-dynamic_scaler = getattr(jas, "dynamic_scaler", None) or jas.dynamic_scale
-
 CONTEXT = 16
 
 
@@ -60,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     train, _ = load_corpus()
     data = random_windows(train, args.steps, 128, CONTEXT + 1)
     model = ByteMLP(jax.random.key(0))
-    tx = loss_scaled(optax.adam(1e-3), dynamic_scaler(2.0**15, growth_interval=50))
+    tx = loss_scaled(optax.adam(1e-3), jas.dynamic_scaler(2.0**15, growth_interval=50))
     opt_state = tx.init(eqx.filter(model, eqx.is_array))
 
     @eqx.filter_jit
@@ -78,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(args.steps):
         model, opt_state, loss = train_step(model, opt_state, data[step])
         if (step + 1) % max(1, args.steps // 5) == 0 or step + 1 == args.steps:
-            scale = jas.find_scale_state(opt_state).scale
+            scale = opt_state.scale  # LossScaledState.scale: the number
             print(f"step {step + 1:4d}  loss {float(loss):.4f}  scale {float(scale):g}")
     if not jnp.isfinite(loss) or float(loss) > 5.0:  # starts at ln(256) = 5.55
         print("the loss did not decrease", file=sys.stderr)

@@ -29,9 +29,6 @@ from jax_amp_scale.optax import loss_scaled
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stdlib_corpus import load_corpus, random_windows
 
-# TEMPORARY (removed after the API rename lands on main): the new name on the old API.
-dynamic_scaler = getattr(jas, "dynamic_scaler", None) or jas.dynamic_scale
-
 CONTEXT = 16
 
 
@@ -55,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     data = random_windows(train, args.steps, 128, CONTEXT + 1)
     model = ByteMLP()
     params = model.init(jax.random.key(0), data[0, :, :CONTEXT])["params"]
-    tx = loss_scaled(optax.adam(1e-3), dynamic_scaler(2.0**15, growth_interval=50))  # (1)
+    tx = loss_scaled(optax.adam(1e-3), jas.dynamic_scaler(2.0**15, growth_interval=50))  # (1)
     state = TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
     @jax.jit
@@ -72,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(args.steps):
         state, loss = train_step(state, data[step])
         if (step + 1) % max(1, args.steps // 5) == 0 or step + 1 == args.steps:
-            scale = jas.find_scale_state(state.opt_state).scale
+            scale = state.opt_state.scale  # LossScaledState.scale: the number
             print(f"step {step + 1:4d}  loss {float(loss):.4f}  scale {float(scale):g}")
     if not jnp.isfinite(loss) or float(loss) > 5.0:  # starts at ln(256) = 5.55
         print("the loss did not decrease", file=sys.stderr)

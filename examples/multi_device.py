@@ -58,9 +58,6 @@ from jax_amp_scale.optax import get_loss_scaled_state, loss_scaled
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stdlib_corpus import load_corpus, random_windows
 
-# TEMPORARY (removed after the API rename lands on main): the new name on the old API.
-dynamic_scaler = getattr(jas, "dynamic_scaler", None) or jas.dynamic_scale
-
 CONTEXT, ROWS_PER_DEVICE, BAD_DEVICE = 8, 16, 3
 
 
@@ -90,7 +87,7 @@ def scaled_loss(p, opt_state, batch, poison):
 
 def make_tx(axis_name: str | None) -> optax.GradientTransformation:
     return loss_scaled(
-        optax.adam(1e-3), dynamic_scaler(2.0**10, growth_interval=1000), axis_name=axis_name
+        optax.adam(1e-3), jas.dynamic_scaler(2.0**10, growth_interval=1000), axis_name=axis_name
     )
 
 

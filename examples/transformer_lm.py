@@ -76,9 +76,6 @@ from stdlib_corpus import corpus_files, load_corpus
 import jax_amp_scale as jas
 from jax_amp_scale.optax import loss_scaled
 
-# TEMPORARY (removed after the API rename lands on main): the new name on the old API.
-dynamic_scaler = getattr(jas, "dynamic_scaler", None) or jas.dynamic_scale
-
 VOCAB = 256  # bytes
 MODES = ("float32", "float16+scaling", "float16", "bfloat16")
 COMPUTE_DTYPE = {
@@ -205,7 +202,7 @@ class RunResult(NamedTuple):
 def make_optimizer(cfg: Config, mode: str) -> optax.GradientTransformation:
     adam = optax.adam(cfg.learning_rate)
     if mode == "float16+scaling":
-        scaler = dynamic_scaler(cfg.init_scale, growth_interval=cfg.growth_interval)
+        scaler = jas.dynamic_scaler(cfg.init_scale, growth_interval=cfg.growth_interval)
         return loss_scaled(adam, scaler)
     return adam
 

@@ -1,6 +1,6 @@
 """Export library steps with `jax.export`: ``jax_amp_scale.export.export(step)``.
 
-See `jax_amp_scale.lowering.exporting` and the README's "Exporting a step".
+See `jax_amp_scale.lowering.exporting` and docs/guide/export.md.
 Importing this module also imports the optax layer (when optax is
 installed), whose state types register their serialization names there:
 a process that only deserializes then knows every library pytree.

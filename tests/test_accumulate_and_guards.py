@@ -489,7 +489,7 @@ def test_trainer_without_optax_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "optax", None)
     monkeypatch.delitem(sys.modules, "jax_amp_scale.training.optax")
     monkeypatch.delitem(sys.modules, "jax_amp_scale.training.pieces", raising=False)
-    with pytest.raises(ModuleNotFoundError, match=r"Trainer needs optax .*jax-amp-scale\[optax\]"):
+    with pytest.raises(ModuleNotFoundError, match=r"Trainer needs optax .*pip install optax"):
         jas.Trainer(None)
 
 
@@ -561,6 +561,13 @@ def test_trainer_options_moved_to_the_pieces():
     assert trainer.tx is tx
     with pytest.raises(ValueError, match="already loss-scaled"):
         jas.Trainer(tx, jas.dynamic_scaler())
+    acc = accumulate_gradients(tx, 2)
+    assert jas.Trainer(acc).tx is acc
+    # accumulation of a plain optimizer is not loss-scaled: Trainer wraps it
+    plain = accumulate_gradients(optax.sgd(1.0), 2)
+    assert jas.Trainer(plain).tx is not plain
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="pass the scaler once"):
+        loss_scaled(optax.sgd(1.0), jas.no_op_scaler(), scale=jas.no_op_scaler())
 
 
 def _reductions(fn, *args):

@@ -99,8 +99,4 @@ def test_transformer_lm_torch_agrees_step_by_step():
 )
 def test_short_example_runs_and_checks_itself(name, args, needs):
     pytest.importorskip(needs)
-    import jax_amp_scale as jas
-
-    if name in ("torch_port.py", "multi_device.py") and not hasattr(jas, "dynamic_scaler"):
-        pytest.skip("TEMPORARY: needs the renamed API (scaler.update, axis_name's gradient mean)")
     run_example(name, *args)

@@ -8,10 +8,8 @@ by this one); the older FFI attribute sets called by hand.
 from __future__ import annotations
 
 import pathlib
-import re
 import subprocess
 import sys
-import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -162,43 +160,3 @@ def test_the_unversioned_update_scale_refuses_unknown_attributes():
                 extra=np.int64(1),
             )
         )()
-
-
-def test_the_readme_example_runs_and_gives_the_unexported_bits():
-    # Verbatim, in a fresh process (its optax registrations are global), with
-    # the reader's params, loss_fn and batch.
-    readme = (ROOT / "README.md").read_text()
-    (block,) = [
-        b
-        for b in re.findall(r"```python\n(.*?)```", readme, re.S)
-        if "export.deserialize(blob)" in b
-    ]
-    prelude = textwrap.dedent(
-        """
-        import jax.numpy as jnp, numpy as np
-
-        def loss_fn(p, batch):
-            return jnp.mean((batch["x"] @ p["w"] + p["b"] - batch["y"]) ** 2)
-
-        x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(8, 4)
-        params = {"w": jnp.full((4, 1), 0.1, jnp.float32), "b": jnp.zeros((1,), jnp.float32)}
-        batch = {"x": jnp.asarray(x), "y": jnp.asarray(x.sum(1, keepdims=True))}
-        """
-    )
-    check = textwrap.dedent(
-        """
-        want = jax.jit(step)(params, opt_state, batch)
-        got = (new_params, new_opt_state)
-        for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-            assert np.asarray(g).tobytes() == np.asarray(w).tobytes()
-        print("README export: same bits")
-        """
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", prelude + block + check],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert "same bits" in proc.stdout, proc.stdout + proc.stderr

@@ -32,6 +32,7 @@ custom_partitioning inlines the call, which then sees the local shards.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -73,6 +74,19 @@ def _typed_like(y: jax.Array, x: jax.Array) -> jax.Array:
     from jax.experimental.shard import reshard  # jax < 0.7
 
     return reshard(y, spec)
+
+
+def _local_shapes() -> Any:
+    """A context for tracing the per-shard body: no mesh.  It works on
+    local shapes, and the user's mesh (still set while XLA compiles) would
+    type its values with shardings whose constraints then have no meaning
+    inside the partitioned call (jax 0.8 fails to compile them)."""
+    if hasattr(jax.sharding, "use_abstract_mesh") and hasattr(jax.sharding, "AbstractMesh"):
+        try:
+            return jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ()))
+        except TypeError:  # an older AbstractMesh signature
+            pass
+    return contextlib.nullcontext()
 
 
 def _operand_sharding(mesh: Any, arg_shape: Any) -> Any:
@@ -129,9 +143,10 @@ def _partitioned(run: Pass, ranks: tuple[int, ...]) -> Any:
         rep, leaf_shardings, axes = shardings(mesh, arg_shapes)
 
         def local(inv: jax.Array, *leaves: jax.Array) -> tuple[jax.Array, ...]:
-            found, outs = run(inv, list(leaves))
-            if axes:  # one scalar all-reduce: the OR over every shard
-                found = jax.lax.pmax(found.astype(jnp.int32), tuple(axes)) > 0
+            with _local_shapes():
+                found, outs = run(inv, list(leaves))
+                if axes:  # one scalar all-reduce: the OR over every shard
+                    found = jax.lax.pmax(found.astype(jnp.int32), tuple(axes)) > 0
             return (found, *outs)
 
         shards = (rep, *leaf_shardings)

@@ -27,8 +27,8 @@ DEFAULT_GROWTH_FACTOR = 2.0
 DEFAULT_BACKOFF_FACTOR = 0.5
 DEFAULT_GROWTH_INTERVAL = 2000
 
-# Which published kernel's arithmetic a state follows (README "Ascend and
-# PJRT plugins"): torch's _amp_update_scale_ (float64 product, the default:
+# Which published kernel's arithmetic a state follows (docs/operator.md):
+# torch's _amp_update_scale_ (float64 product, the default:
 # a torch port gets torch's bits) or CANN's aclnnAmpUpdateScale (float32
 # factors and product, finiteness tested on the float32 product; plus the
 # library's guard against an infinite stored scale).
