@@ -1,4 +1,5 @@
-"""Runs every workload, then writes bench/RESULTS.md, results.png and results.json.
+"""Runs every workload, then writes bench/RESULTS.md, results.png (and the
+README's results-summary.png) and results.json.
 
 Each workload runs in its own process (so one's memory and compilation
 caches cannot change another's timings) and hands its tables back as JSON.
@@ -203,7 +204,11 @@ def write_markdown(path: Path, header: str, body: str) -> None:
     path.write_text("# Benchmark results\n\n" + generated)
 
 
-def plot(tables: list[_harness.Table], path: Path) -> None:
+def plot(
+    tables: list[_harness.Table], path: Path, workloads: tuple[str, ...] | None = None
+) -> None:
+    """One panel per workload (only those whose names start with one of
+    `workloads`, when given) into the PNG `path`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -212,7 +217,7 @@ def plot(tables: list[_harness.Table], path: Path) -> None:
     by = {}
     for t in tables:
         by.setdefault(t.workload, []).append(t)
-    panels = [w for w in by if by[w]]
+    panels = [w for w in by if by[w] and (workloads is None or w.startswith(workloads))]
 
     def rows(w: str) -> int:
         if w.startswith("3. Compile time"):
@@ -358,6 +363,8 @@ def main(argv: list[str] | None = None) -> None:
     with open(out / "results.json", "w") as f:
         json.dump({"runs": runs}, f, indent=1)
     plot(tables, out / "results.png")
+    # The front page's picture (README.md): step overhead and compile time.
+    plot(tables, out / "results-summary.png", ("1. Step overhead", "3. Compile time"))
     print(f"wrote {out / 'RESULTS.md'} and {out / 'results.png'} in {total:.0f} s")
 
 

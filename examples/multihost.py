@@ -50,7 +50,7 @@ def train(args: argparse.Namespace) -> str:
     mesh = jax.make_mesh((jax.device_count(),), ("data",))
     replicated, by_row = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
 
-    tx = loss_scaled(optax.adam(1e-2), jas.dynamic_scale(2.0**12, growth_interval=2))
+    tx = loss_scaled(optax.adam(1e-2), jas.dynamic_scaler(2.0**12, growth_interval=2))
     rng = np.random.default_rng(0)  # the same initial params everywhere
     params = {"w": 0.1 * rng.standard_normal((16, 4)), "b": np.zeros(4)}
     params = jax.device_put(jax.tree.map(np.float32, params), replicated)

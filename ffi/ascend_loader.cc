@@ -275,9 +275,11 @@ const LoadedCann* GetCann(std::string* error) {
   return g_cann;
 }
 
+#ifdef JAS_TESTING_BUILD
 void ForgetCannForTests() {
   std::lock_guard<std::mutex> lock(g_mu);
   g_cann = nullptr;
 }
+#endif
 
 }  // namespace jas

@@ -41,10 +41,14 @@ struct LoadedCann {
 // Thread-safe.  The returned table lives until the process ends.
 const LoadedCann* GetCann(std::string* error);
 
-// Tests only: forget the loaded table so the next GetCann searches again
-// (e.g. after changing the environment).  Libraries stay open and tables
-// stay valid: a handler running concurrently keeps working.
+#ifdef JAS_TESTING_BUILD
+// Tests only (compiled into the test extension _ascend_testing alone, never
+// into the shipped _native_ascend): forget the loaded table so the next
+// GetCann searches again (e.g. after changing the environment).  Libraries
+// stay open and tables stay valid: a handler running concurrently keeps
+// working.
 void ForgetCannForTests();
+#endif
 
 }  // namespace jas
 

@@ -109,8 +109,8 @@ def loss_fn(params: dict[str, Any], batch: dict[str, jax.Array]) -> jax.Array:
     return -jnp.mean(jnp.take_along_axis(logp, batch["y"][:, None], axis=1))
 
 
-def make_scale(kind: str, level: str, growth_interval: int) -> Any:
-    """The scale kind for the ``--scale`` flag (``auto``: what the level pairs with)."""
+def make_scaler(kind: str, level: str, growth_interval: int) -> Any:
+    """The scaler for the ``--scale`` flag (``auto``: what the level pairs with)."""
     if kind == "auto":
         auto = scaler_for(level)
         if isinstance(auto, jas.DynamicScaler):
@@ -211,10 +211,10 @@ def train(
     if bad:
         raise ValueError(f"inject steps must lie in [0, {steps}), got {bad}")
     policy: Policy = get_policy(level)
-    kind = make_scale(scale, level, growth_interval)
+    scaler = make_scaler(scale, level, growth_interval)
     x, y = make_data(seed)
     params = policy.cast_to_param(init_params(jax.random.PRNGKey(seed)))
-    trainer = Trainer(make_optimizer(level, learning_rate), kind, policy=policy)
+    trainer = Trainer(make_optimizer(level, learning_rate), scaler, policy=policy)
     state = trainer.init(params)
     step_fn = jax.jit(trainer.step, static_argnums=3)
     poison_steps = {int(s) for s in inject}
@@ -240,7 +240,7 @@ def train(
         scale=np.array([h["scale"] for h in hist], np.float32),
         skipped=np.array([h["skipped"] for h in hist], bool),
         reason=np.array([h["reason"] for h in hist], np.int32),
-        growth_interval=growth_interval if isinstance(kind, jas.DynamicScaler) else None,
+        growth_interval=growth_interval if isinstance(scaler, jas.DynamicScaler) else None,
         params=params,
         opt_state=state,
         eval_loss=eval_loss,
@@ -362,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--scale",
         default="auto",
         choices=("auto", "dynamic", "static", "none"),
-        help="loss scale kind (default: what the level pairs with)",
+        help="the scaler (default: what the level pairs with)",
     )
     parser.add_argument(
         "--inject",

@@ -1,4 +1,4 @@
-"""optax integration (``pip install "jax-amp-scale[optax]"``).
+"""optax integration (needs optax: ``pip install optax``).
 
 The core: `loss_scaled(inner, scaler)` and its state `LossScaledState`.
 Pieces that compose with it: `accumulate_gradients` (outside: torch

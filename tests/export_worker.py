@@ -23,8 +23,8 @@ from tests.fixtures import make_export_fixtures as fx
 def save(name: str, backend: str, out_dir: str) -> None:
     from jax_amp_scale import export
 
-    make_step, make_args = fx.STEPS[name]
-    step = make_step() if backend == "fixture" else fx.STEP_FACTORIES[name](backend)
+    _, make_args = fx.STEPS[name]
+    step = fx.STEP_FACTORIES[name](backend)
     args = make_args()
     exp = export.export(jax.jit(step))(*args)
     out = jax.jit(step)(*args)
@@ -37,6 +37,7 @@ def run_artifact(blob: bytes, data: dict) -> tuple[list[np.ndarray], list[np.nda
     """(outputs of the deserialized artifact, the stored outputs)."""
     from jax_amp_scale import export
 
+    fx.register_optax_states()  # the inner optimizer's state, by name
     exp = export.deserialize(blob)
     args = jax.tree_util.tree_unflatten(exp.in_tree, fx.read_arrays(data, "in"))
     got = jax.tree_util.tree_leaves(exp.call(*args[0], **args[1]))

@@ -319,13 +319,19 @@ def test_scale_reaching_zero_or_floor_warns():
 
 
 def test_host_callbacks_off_for_jax_export():
-    """Host callbacks cannot be serialized: host_callbacks=False exports."""
+    """Host callbacks cannot be serialized: host_callbacks=False exports
+    (serialized and deserialized; tests/test_export.py runs it in a fresh
+    process)."""
     from jax import export
 
+    from jax_amp_scale import export as jas_export
+    from tests.fixtures.make_export_fixtures import register_optax_states
+
+    register_optax_states()  # sgd's EmptyState, by name
     tx = loss_scaled(optax.sgd(1.0), backend="reference", host_callbacks=False)
     st = tx.init(jnp.zeros(3))
-    exp = export.export(jax.jit(tx.update))(jnp.ones(3), st, jnp.zeros(3))
-    u, st2 = exp.call(jnp.full(3, jnp.inf), st, jnp.zeros(3))
+    blob = jas_export.export(tx.update)(jnp.ones(3), st, jnp.zeros(3)).serialize()
+    u, st2 = jas_export.deserialize(blob).call(jnp.full(3, jnp.inf), st, jnp.zeros(3))
     np.testing.assert_array_equal(u, np.zeros(3))
     assert bool(st2.found_inf) and int(st2.skipped_steps) == 1
     assert int(st2.consecutive_overflows) == 1
@@ -483,7 +489,7 @@ def test_trainer_without_optax_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "optax", None)
     monkeypatch.delitem(sys.modules, "jax_amp_scale.training.optax")
     monkeypatch.delitem(sys.modules, "jax_amp_scale.training.pieces", raising=False)
-    with pytest.raises(ModuleNotFoundError, match=r"Trainer needs optax .*jax-amp-scale\[optax\]"):
+    with pytest.raises(ModuleNotFoundError, match=r"Trainer needs optax .*pip install optax"):
         jas.Trainer(None)
 
 
@@ -555,6 +561,13 @@ def test_trainer_options_moved_to_the_pieces():
     assert trainer.tx is tx
     with pytest.raises(ValueError, match="already loss-scaled"):
         jas.Trainer(tx, jas.dynamic_scaler())
+    acc = accumulate_gradients(tx, 2)
+    assert jas.Trainer(acc).tx is acc
+    # accumulation of a plain optimizer is not loss-scaled: Trainer wraps it
+    plain = accumulate_gradients(optax.sgd(1.0), 2)
+    assert jas.Trainer(plain).tx is not plain
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="pass the scaler once"):
+        loss_scaled(optax.sgd(1.0), jas.no_op_scaler(), scale=jas.no_op_scaler())
 
 
 def _reductions(fn, *args):

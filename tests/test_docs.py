@@ -8,6 +8,8 @@ A page can say what it needs in an HTML comment on a line of its own:
     <!-- docs-test: requires optax, torch -->   skipped without these modules
     <!-- docs-test: devices 4 -->               run in a fresh process with
                                                  4 virtual CPU devices
+    <!-- docs-test: fresh-process -->           run in a fresh process (a page
+                                                 that registers global state)
 
 The site itself is built by ``python -m sphinx -W --keep-going -b html docs
 docs/_build/html`` (CI runs it); the check below that every public name has
@@ -74,12 +76,13 @@ def test_page_code_runs(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{_page_id(page)} needs {module}")
     monkeypatch.chdir(tmp_path)  # files a page writes land here
-    if "devices" in directives:
+    if "devices" in directives or "fresh" in directives:
         env = dict(os.environ, JAX_PLATFORMS="cpu")
-        env["XLA_FLAGS"] = (
-            env.get("XLA_FLAGS", "")
-            + f" --xla_force_host_platform_device_count={int(directives['devices'])}"
-        )
+        if "devices" in directives:
+            env["XLA_FLAGS"] = (
+                env.get("XLA_FLAGS", "")
+                + f" --xla_force_host_platform_device_count={int(directives['devices'])}"
+            )
         proc = subprocess.run(
             [sys.executable, "-c", _script(page)],
             env=env,
@@ -108,3 +111,34 @@ def test_every_public_name_has_an_api_entry():
                 name = m.group(1)
                 documented.add(name if name.startswith("jax_amp_scale") else f"{module}.{name}")
     assert undocumented(PUBLIC_API_MODULES, documented) == []
+
+
+def test_code_fits_the_page():
+    """Python lines of at most 88 characters: the theme shows that many without
+    scrolling.  (Shell commands quoted verbatim, one command a line, may scroll.)"""
+    fence = re.compile(r"^```(?:python|\{code-block\} python)[ \t]*\n(.*?)^```", re.S | re.M)
+    long = [
+        f"{_page_id(page)}: {line}"
+        for page in PAGES
+        for m in fence.finditer(page.read_text())
+        for line in m.group(1).splitlines()
+        if len(line) > 88
+    ]
+    assert not long, "\n".join(long)
+
+
+def test_no_bare_powers_in_prose():
+    """``2**15 to 2**20`` outside code renders as bold text in Markdown: quote it."""
+    pages = [*PAGES, ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "examples" / "README.md"]
+    bare = re.compile(r"\d\*\*\d")
+    found = []
+    for page in pages:
+        in_fence = False
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                in_fence = not in_fence
+                continue
+            prose = "".join(line.split("`")[::2])  # outside inline code
+            if not in_fence and bare.search(prose):
+                found.append(f"{page.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not found, "write powers as code (`2**15`):\n" + "\n".join(found)

@@ -20,7 +20,7 @@ OLDER_CPU = {"jas_update_scale_v1", "jas_update_scale", "jas_unscale_and_check"}
 MODULES = {
     "_native_cpu": ({"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET"}, OLDER_CPU),
     "_native_cuda": ({"UPDATE_SCALE_TARGET"}, {"jas_update_scale_v1", "jas_update_scale"}),
-    "_native_ascend": ({"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET"}, set()),
+    "_native_ascend": ({"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET"}, OLDER_CPU),
     "_native_plugin": None,  # the PJRT registrar hands out no capsule
 }
 

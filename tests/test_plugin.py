@@ -64,19 +64,20 @@ def fake_plugin(tmp_path_factory) -> Path:
 
 _FAKE = """
 import ctypes, json, os
-from jax_amp_scale import plugin
-from jax_amp_scale.platforms import native, ascend as _ascend
+from jax_amp_scale import plugin, _native_plugin
+from jax_amp_scale.platforms import native, pjrt, ascend as _ascend
 path = os.environ["FAKE_PJRT"]
 out = {}
 try:
-    # A fake plugin JAX did not load: the test double's escape hatch.
-    out["route"] = plugin.register(platform="ascend", library_path=path, unchecked_library=True)
-    out["again"] = plugin.register(platform="ascend", library_path=path, unchecked_library=True)
+    # A fake plugin JAX did not load: registered in its API table directly.
+    api = _native_plugin.api_from_library(path)
+    out["route"] = pjrt.register_in_api(api, "ascend")
+    out["again"] = pjrt.register_in_api(api, "ascend")
     out["platforms"] = sorted(native.platforms('update_scale'))
     import jax_amp_scale as jas
     out["available"] = jas.available_backends("ascend")
     out["auto"] = jas.auto_backend("ascend")
-except plugin.PluginRegistrationError as e:
+except RuntimeError as e:  # PluginRegistrationError, or api_from_library's error
     out["error"] = str(e)
 lib = ctypes.CDLL(path)
 lib.fake_pjrt_log.restype = ctypes.c_char_p
@@ -95,7 +96,10 @@ def test_newer_layout_registers_once_and_marks_the_platform(fake_plugin):
     # the fused gradient pass too).
     got = sorted(tuple(line.split()[:4]) for line in out["log"])
     assert got == [
+        ("typed", "jas_unscale_and_check", "ascend", "-1"),  # older versions
         ("typed", "jas_unscale_and_check_v1", "ascend", "-1"),
+        ("typed", "jas_update_scale", "ascend", "-1"),
+        ("typed", "jas_update_scale_v1", "ascend", "-1"),
         ("typed", "jas_update_scale_v2", "ascend", "-1"),
     ]
 
@@ -105,7 +109,10 @@ def test_older_layout_with_api_version_is_detected(fake_plugin):
     assert out["route"] == "pjrt-versioned"
     got = sorted(tuple(line.split()[:4]) for line in out["log"])
     assert got == [
+        ("versioned", "jas_unscale_and_check", "ascend", "1"),  # older versions
         ("versioned", "jas_unscale_and_check_v1", "ascend", "1"),
+        ("versioned", "jas_update_scale", "ascend", "1"),
+        ("versioned", "jas_update_scale_v1", "ascend", "1"),
         ("versioned", "jas_update_scale_v2", "ascend", "1"),
     ]
 
@@ -166,7 +173,7 @@ def test_a_library_jax_did_not_load_for_the_platform_is_refused(fake_plugin):
     for platform in ("ascend", "cpu", "no_such_platform"):
         msg = out[platform]
         assert f"JAX has not loaded a PJRT plugin for {platform!r}" in msg, msg
-        assert "unchecked_library=True" in msg and str(fake_plugin) in msg
+        assert "pjrt.register_in_api" in msg and str(fake_plugin) in msg
     assert out["log"] == []  # the plugin was never asked
     assert not {"ascend", "no_such_platform"} & set(out["platforms"])
 
@@ -221,12 +228,12 @@ try:  # the CUDA plugin's library for "ascend": refused
 except plugin.PluginRegistrationError as e:
     out["refused"] = str(e)
 # A real plugin binary used as a double on a platform JAX does not run.
-out["route"] = plugin.register(platform="ascend", library_path=path, unchecked_library=True)
-out["again"] = plugin.register(platform="ascend", library_path=path, unchecked_library=True)
+out["route"] = pjrt.register_in_api(api, "ascend")
+out["again"] = pjrt.register_in_api(api, "ascend")
 out["platforms"] = sorted(native.platforms('update_scale'))
 try:
-    plugin.register(platform="ascend", library_path=path, unchecked_library=True,
-                    handler=_native_cpu.registrations()["jas_update_scale_v2"])
+    pjrt.register_in_api(api, "ascend",
+                         handler=_native_cpu.registrations()["jas_update_scale_v2"])
 except plugin.PluginRegistrationError as e:
     out["conflict"] = str(e)
 # The plugin JAX itself loaded (JAX_PLATFORMS=cpu keeps it from initialising
@@ -315,7 +322,13 @@ def test_jax_ffi_route_when_the_plugin_python_side_forwards():
     )
     assert out["route"] == "jax.ffi" and out["again"] == "jax.ffi"
     # once each: registration is idempotent
-    assert out["seen"] == ["jas_unscale_and_check_v1", "jas_update_scale_v2"]
+    assert sorted(out["seen"]) == [  # the older target versions too
+        "jas_unscale_and_check",
+        "jas_unscale_and_check_v1",
+        "jas_update_scale",
+        "jas_update_scale_v1",
+        "jas_update_scale_v2",
+    ]
     assert "forwarding_test" in out["platforms"]
 
 

@@ -197,6 +197,8 @@ def plan(op: str, backend: str, operands: list[Any], attrs: dict[str, Any] | Non
     prefer = frozenset(p for p in have if _auto_prefers(op, p))
     if not prefer or not partitions:
         return Plan("reference", frozenset())
+    # The target is looked up only for a native plan: without the compiled
+    # modules "auto" plans the reference and must not need their names.
     return Plan("native", prefer, _target(op), cann)
 
 

@@ -5,7 +5,7 @@
   growth_interval, _growth_tracker``) to and from a `ScaleState`, so a run
   can move between PyTorch and JAX mid-training.
 - `to_state_dict` / `from_state_dict`: any training-state pytree (params,
-  optax state with `LossScaledState`, scale kinds, counters) to a nested dict
+  optax state with `LossScaledState`, scalers, counters) to a nested dict
   of NumPy arrays and back onto a template, for ``flax.serialization``
   msgpack, ``orbax`` or ``numpy.savez``.  Leaves keep their dtype, shape and
   bits, so a restored run continues bit for bit.
@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_amp_scale.state.scale_state import INT32_MAX, ScaleState, init_scale_state
+from jax_amp_scale.state.scale_state import ScaleState, init_scale_state
+from jax_amp_scale.state.validation import INT32_MAX
 from jax_amp_scale.training.helpers import find_scale_state
 
 PyTree = Any
@@ -82,8 +83,8 @@ def from_torch_state_dict(
 def to_torch_state_dict(state: Any) -> dict[str, float | int]:
     """torch ``GradScaler.state_dict()`` for `state`.
 
-    `state` is a `ScaleState` or any pytree holding exactly one (a scale
-    kind, a `LossScaledState`, a whole optax state).  Bounds and hysteresis of
+    `state` is a `ScaleState` or any pytree holding exactly one (a
+    scaler, a `LossScaledState`, a whole optax state).  Bounds and hysteresis of
     a `DynamicScaler` have no torch counterpart and are not exported.  Values
     are Python numbers, as torch writes them (``GradScaler.load_state_dict``
     accepts them).

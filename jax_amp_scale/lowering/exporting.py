@@ -61,8 +61,8 @@ def export(
     `fun` is jitted if it is not already.  `platforms`, `disabled_checks`
     (added to the library's own) and the other keywords go to
     `jax.export.export`.  Host callbacks (``jax.debug.callback``) still fail
-    to serialize: build the step without them (see the README's export
-    section).
+    to serialize: build the step without them (``host_callbacks=False``;
+    docs/guide/export.md).
     """
     checks = [jax_export.DisabledSafetyCheck.custom_call(t) for t in exportable_targets()]
     if not hasattr(fun, "lower"):

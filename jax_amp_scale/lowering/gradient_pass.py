@@ -85,6 +85,14 @@ def cann_one_call(
 ) -> tuple[jax.Array, list[jax.Array]]:
     """One call of the CANN fused pass on leaves of one dtype, in place.
 
+    `inv` goes to the operator's float32 ``invScale`` as is: torch_npu's
+    ``float32(1 / float64(scale))`` bit for bit (`reference.inverse`),
+    a float32 subnormal above 2**126.  What is exact: the operator receives
+    the operand torch_npu's GradScaler passes it, so the NPU computes what it
+    computes for torch_npu.  Whether the device's float32 multiply honours a
+    subnormal operand is the kernel's arithmetic, not visible in its source.
+    The CANN test double multiplies in IEEE's default mode.
+
     found starts as a float32 zero the result aliases: the kernel only ever
     sets it to 1.0, and the handler's launches (256 leaves each) OR into it.
     """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 
 from jax_amp_scale.dispatch import backends
-from jax_amp_scale.lowering.gradient_pass import LEAVES_PER_CALL, unscale_and_check_native
+from jax_amp_scale.lowering.gradient_pass import unscale_and_check_native
 from jax_amp_scale.reference.gradient_pass import reference_pass
 
 
@@ -30,25 +30,3 @@ def unscale_and_check_leaves(
         strict=plan.mode == "strict",
         cann_platforms=plan.cann_platforms,
     )
-
-
-def native_flag_expected(leaves: list[jax.Array], backend: str) -> bool:
-    """Whether the found-inf flag of these leaves will come from a native call.
-
-    A native flag is a value XLA cannot recompute inside other kernels; the
-    training layer uses this to pick how to skip a step (same bits either way).
-    """
-    if not leaves:
-        return False
-    return backends.native_expected(backends.UNSCALE_AND_CHECK, backend, leaves)
-
-
-def native_flag_calls(leaves: list[jax.Array], backend: str) -> int:
-    """How many native calls the found-inf flag of these leaves will come from.
-
-    0 when the flag will not come from a native call.  With one call the flag
-    is that call's own result, already in memory; with several it is their OR.
-    """
-    if not native_flag_expected(leaves, backend):
-        return 0
-    return -(-len(leaves) // LEAVES_PER_CALL)

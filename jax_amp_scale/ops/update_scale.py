@@ -12,17 +12,14 @@ import jax.numpy as jnp
 from jax_amp_scale.dispatch import backends
 from jax_amp_scale.lowering.update_scale import update_scale_native
 from jax_amp_scale.reference.update_scale import update_scale_reference
-from jax_amp_scale.state.scale_state import (
-    DEFAULT_RULE,
-    ScaleState,
+from jax_amp_scale.state.scale_state import DEFAULT_RULE, ScaleState
+from jax_amp_scale.state.validation import (
+    Backend,
+    check_backend,
     check_factor,
     check_growth_interval,
     check_rule,
     check_rule_factor,
-)
-from jax_amp_scale.state.validation import (
-    Backend,
-    check_backend,
     check_scale,
     check_tracker,
     found_to_bool,

@@ -19,7 +19,9 @@ whose JAX runs one of the platforms named in ``$JAX_AMP_SCALE_PLUGIN_PLATFORMS``
 (comma separated; default ``ascend,npu``) registers it (see
 `jax_amp_scale.platforms.native`); a failure there is kept in
 ``jax_amp_scale.platforms.native.load_errors()`` instead of raised.
-Importing the package touches no plugin and no JAX internals.
+Importing the package touches no plugin.  The two JAX internals a
+registration reads are isolated in `jax_amp_scale.platforms.jax_internals`
+(why, which JAX versions, what happens without them).
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ import os
 import threading
 from typing import Any
 
-from jax_amp_scale.platforms import registry
+from jax_amp_scale.platforms import jax_internals, registry
 
-__all__ = ["PluginRegistrationError", "register", "registrations"]
+__all__ = ["PluginRegistrationError", "register", "register_in_api", "registrations"]
 
 # Lowering platform -> the platform name the plugin's FFI registry uses.
 _REGISTRY_PLATFORM = {"cuda": "CUDA", "gpu": "CUDA", "rocm": "ROCM"}
@@ -75,24 +77,13 @@ def _default_handler(platform: str, op: str = registry.UPDATE_SCALE) -> Any:
     return ascend.handler_capsule(op)
 
 
-def _backend_factories(discover: bool = True) -> dict[str, Any]:
-    from jax._src import xla_bridge as xb
-
-    run = getattr(xb, "_discover_and_register_pjrt_plugins", None)
-    if discover and run is not None:
-        run()
-    return dict(getattr(xb, "_backend_factories", {}))
-
-
 def loaded_plugin_api(platform: str) -> int:
-    factories = _backend_factories()
-    factory = factories.get(platform)
-    c_api = getattr(factory, "c_api", None)
+    c_apis = jax_internals.loaded_plugin_c_apis()
+    c_api = c_apis.get(platform)
     if c_api is None:
-        plugins = sorted(n for n, f in factories.items() if getattr(f, "c_api", None) is not None)
         raise PluginRegistrationError(
             f"JAX has not loaded a PJRT plugin named {platform!r} (PJRT plugins "
-            f"loaded: {plugins or 'none'}); install the plugin, or pass "
+            f"loaded: {sorted(c_apis) or 'none'}); install the plugin, or pass "
             "library_path= to the plugin's .so"
         )
     return _capsule_pointer(c_api, b"pjrt_c_api")
@@ -109,15 +100,13 @@ def _check_is_loaded_plugin(platform: str, path: str, api: int) -> None:
     try:
         loaded = loaded_plugin_api(platform)
     except PluginRegistrationError:
-        plugins = sorted(
-            n for n, f in _backend_factories().items() if getattr(f, "c_api", None) is not None
-        )
+        plugins = sorted(jax_internals.loaded_plugin_c_apis())
         raise PluginRegistrationError(
             f"cannot register on platform {platform!r} through {path}: JAX has not "
             f"loaded a PJRT plugin for {platform!r} (PJRT plugins loaded: "
             f"{plugins or 'none'}), so a handler registered there would never run. "
-            "Install and select the platform's plugin (JAX_PLATFORMS), or pass "
-            "unchecked_library=True for a test double"
+            "Install and select the platform's plugin (JAX_PLATFORMS); a plugin "
+            "this process loads itself goes through pjrt.register_in_api"
         ) from None
     if loaded != api:
         raise PluginRegistrationError(
@@ -128,14 +117,6 @@ def _check_is_loaded_plugin(platform: str, path: str, api: int) -> None:
         )
 
 
-def _python_side_forwards(registry_platform: str) -> bool:
-    try:
-        from jax._src.lib import xla_client
-    except ImportError:  # pragma: no cover
-        return False
-    return registry_platform in getattr(xla_client, "_custom_callback_handler", {})
-
-
 def register(
     platform: str = "ascend",
     library_path: str | os.PathLike[str] | None = None,
@@ -143,8 +124,6 @@ def register(
     registry_platform: str | None = None,
     handler: Any = None,
     target: str | None = None,
-    unchecked_library: bool = False,
-    _api: int | None = None,
 ) -> str:
     """Registers the update-scale handler on the PJRT plugin platform `platform`.
 
@@ -164,11 +143,8 @@ def register(
       target: the custom-call target name (default: the update-scale
         target, ``"jas_update_scale_v2"``; on Ascend, with the default handler,
         the fused gradient pass ``"jas_unscale_and_check_v1"`` is registered
-        too).
-      unchecked_library: skip the check that `library_path` is the plugin
-        JAX loaded for `platform`.  For test doubles (a fake PJRT library, a
-        plugin binary used on a machine JAX does not run it on); never
-        needed with a real plugin.
+        too, and the older target versions that artifacts of older releases
+        call: ffi/targets.h).
 
     Returns:
       The route used: ``"jax.ffi"``, ``"pjrt"`` (C API, newer argument
@@ -176,49 +152,74 @@ def register(
 
     Idempotent: registering the same handler again returns without calling
     the plugin.  Raises `PluginRegistrationError` when the library is not a
-    PJRT plugin, has no FFI extension, has an FFI extension of a version this
-    module does not know, when the plugin reports an error, or when another
-    handler was already registered here for the same target and platform.
+    PJRT plugin or not the one JAX loaded for `platform`, has no FFI
+    extension, has an FFI extension of a version this module does not know,
+    when the plugin reports an error, or when another handler was already
+    registered here for the same target and platform.
     """
     platform = str(platform).lower()
+    reg_platform = registry_platform or _REGISTRY_PLATFORM.get(platform, platform)
+    if handler is None:
+        _default_handler(platform)  # a handler that was not built: say so first
+    if library_path is None and jax_internals.python_side_forwards(reg_platform):
+        return _register(platform, None, reg_platform, handler, target)
+    try:
+        if library_path is not None:
+            native = importlib.import_module("jax_amp_scale._native_plugin")
+            api = native.api_from_library(os.fspath(library_path))
+            _check_is_loaded_plugin(platform, os.fspath(library_path), api)
+        else:
+            api = loaded_plugin_api(platform)
+    except RuntimeError as e:
+        if isinstance(e, PluginRegistrationError):
+            raise
+        raise PluginRegistrationError(str(e)) from None
+    return _register(platform, api, reg_platform, handler, target)
+
+
+def register_in_api(
+    api: int,
+    platform: str,
+    *,
+    registry_platform: str | None = None,
+    handler: Any = None,
+    target: str | None = None,
+) -> str:
+    """`register` into the PJRT API table at address `api` (a ``PJRT_Api*``,
+    e.g. from ``jax_amp_scale._native_plugin.api_from_library``), which the
+    caller vouches is the plugin that runs `platform`: no check that JAX
+    loaded it.  For embedders that load a plugin themselves, and test
+    doubles.  Returns the route (``"pjrt"`` or ``"pjrt-versioned"``)."""
+    platform = str(platform).lower()
+    reg_platform = registry_platform or _REGISTRY_PLATFORM.get(platform, platform)
+    return _register(platform, int(api), reg_platform, handler, target)
+
+
+def _register(
+    platform: str, api: int | None, reg_platform: str, handler: Any, target: str | None
+) -> str:
+    """Registers through ``jax.ffi`` (`api` None) or the PJRT C API at `api`."""
     targets = registry.module_targets(importlib.import_module("jax_amp_scale._native_cpu"))
-    update_target = targets[registry.UPDATE_SCALE]
     if handler is None and target is None and platform not in ("cuda", "gpu"):
         # Ascend: the fused gradient pass too (aclnnForeachNonFiniteCheckAndUnscale).
-        register(
+        _register(
             platform,
-            library_path,
-            registry_platform=registry_platform,
-            handler=_default_handler(platform, registry.UNSCALE_AND_CHECK),
-            target=targets[registry.UNSCALE_AND_CHECK],
-            unchecked_library=unchecked_library,
-            _api=_api,
+            api,
+            reg_platform,
+            _default_handler(platform, registry.UNSCALE_AND_CHECK),
+            targets[registry.UNSCALE_AND_CHECK],
         )
-    target = update_target if target is None else str(target)
+        from jax_amp_scale.platforms import ascend
+
+        for name, capsule in ascend.older_capsules().items():  # older artifacts
+            _register(platform, api, reg_platform, capsule, name)
+    target = targets[registry.UPDATE_SCALE] if target is None else str(target)
     op = {v: k for k, v in targets.items()}.get(target)
-    reg_platform = registry_platform or _REGISTRY_PLATFORM.get(platform, platform)
     capsule = handler if handler is not None else _default_handler(platform)
     handler_address = _capsule_pointer(capsule, None)
 
     with _lock:
-        if library_path is None and _python_side_forwards(reg_platform):
-            key = (0, reg_platform.lower(), target)
-            route = "jax.ffi"
-        else:
-            native = importlib.import_module("jax_amp_scale._native_plugin")
-            try:
-                if _api is not None:
-                    api = _api
-                elif library_path is not None:
-                    api = native.api_from_library(os.fspath(library_path))
-                    if not unchecked_library:
-                        _check_is_loaded_plugin(platform, os.fspath(library_path), api)
-                else:
-                    api = loaded_plugin_api(platform)
-            except RuntimeError as e:
-                raise PluginRegistrationError(str(e)) from None
-            key = (api, reg_platform.lower(), target)
-            route = ""
+        key = (0 if api is None else api, reg_platform.lower(), target)
         previous = _done.get(key)
         if previous is not None:
             if previous != handler_address:
@@ -230,13 +231,15 @@ def register(
             if op is not None:
                 registry.mark_registered(op, platform)
             return _routes[platform]
-        if route == "jax.ffi":
+        if api is None:
             import jax
 
             jax.ffi.register_ffi_target(target, capsule, platform=reg_platform)
+            route = "jax.ffi"
         else:
+            native = importlib.import_module("jax_amp_scale._native_plugin")
             try:
-                layout = native.register_handler(key[0], target, capsule, reg_platform)
+                layout = native.register_handler(api, target, capsule, reg_platform)
             except RuntimeError as e:
                 raise PluginRegistrationError(str(e)) from None
             route = "pjrt" if layout == "typed" else "pjrt-versioned"

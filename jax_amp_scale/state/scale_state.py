@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import numbers
 from typing import Any
 
 import jax
@@ -13,8 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export  # jax 0.6: not an attribute of jax until imported
 
-SCALE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
-INT32_MAX = 2**31 - 1
+from jax_amp_scale.state.validation import (
+    SHAPES,
+    check_factor,
+    check_growth_interval,
+    check_rule,
+    check_rule_factor,
+    check_scale_dtype,
+)
 
 # Torch GradScaler's defaults, which are also jmp's and MindSpore's choices
 # for growth and backoff.
@@ -23,13 +27,12 @@ DEFAULT_GROWTH_FACTOR = 2.0
 DEFAULT_BACKOFF_FACTOR = 0.5
 DEFAULT_GROWTH_INTERVAL = 2000
 
-# Which published kernel's arithmetic a state follows (README "Ascend and
-# PJRT plugins"): torch's _amp_update_scale_ (float64 product, the default:
+# Which published kernel's arithmetic a state follows (docs/operator.md):
+# torch's _amp_update_scale_ (float64 product, the default:
 # a torch port gets torch's bits) or CANN's aclnnAmpUpdateScale (float32
 # factors and product, finiteness tested on the float32 product; plus the
 # library's guard against an infinite stored scale).
-RULES: tuple[str, ...] = ("torch", "cann")
-DEFAULT_RULE = "torch"
+DEFAULT_RULE = "torch"  # one of validation.RULES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,78 +108,6 @@ export.register_pytree_node_serialization(
 )
 
 
-def _is_traced_or_array(value: Any) -> bool:
-    return isinstance(value, jax.Array)  # tracers are jax.Arrays too
-
-
-def check_factor(value: Any, name: str) -> float:
-    """Returns `value` as a Python float, or raises naming `name`.
-
-    Factors are static attributes: Python or NumPy real numbers, finite, > 0.
-    """
-    if _is_traced_or_array(value):
-        raise TypeError(
-            f"{name} must be a Python number (it is a static attribute of the "
-            f"operator), not a JAX array or traced value; got {type(value).__name__}"
-        )
-    if isinstance(value, np.ndarray) and value.ndim == 0:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
-    out = float(value)
-    if not (math.isfinite(out) and out > 0.0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return out
-
-
-def check_growth_interval(value: Any, name: str = "growth_interval") -> int:
-    """Returns `value` as a Python int in [1, 2**31 - 1], or raises."""
-    if _is_traced_or_array(value):
-        raise TypeError(
-            f"{name} must be a Python int (a static attribute), not a JAX "
-            f"array or traced value; got {type(value).__name__}"
-        )
-    if isinstance(value, np.ndarray) and value.ndim == 0:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer in [1, {INT32_MAX}], got {value!r}")
-    out = int(value)
-    if not 1 <= out <= INT32_MAX:
-        raise ValueError(f"{name} must lie in [1, {INT32_MAX}], got {out}")
-    return out
-
-
-def check_rule(value: Any, name: str = "rule") -> str:
-    """Returns `value` if it is one of `RULES`, or raises naming `name`."""
-    if not isinstance(value, str) or value not in RULES:
-        raise ValueError(f"{name} must be one of {RULES}, got {value!r}")
-    return value
-
-
-def check_rule_factor(value: float, rule: str, name: str) -> float:
-    """`value` (a checked factor) if `rule` can use it: under ``"cann"`` it
-    is rounded to float32, which must stay finite and nonzero."""
-    if rule == "cann":
-        with np.errstate(over="ignore", under="ignore"):
-            f32 = np.float32(value)
-        if not (np.isfinite(f32) and f32 > 0):
-            raise ValueError(
-                f"{name}={value!r} is {float(f32)} in float32; rule='cann' multiplies "
-                "by float32 factors, which must be finite and nonzero"
-            )
-    return value
-
-
-def check_scale_dtype(dtype: Any, name: str = "dtype") -> np.dtype:
-    try:
-        dt = jnp.dtype(dtype)
-    except TypeError as e:
-        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {dtype!r}") from e
-    if dt not in SCALE_DTYPES:
-        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {dt.name}")
-    return dt
-
-
 def init_scale_state(
     init_scale: float = DEFAULT_INIT_SCALE,
     growth_factor: float = DEFAULT_GROWTH_FACTOR,
@@ -203,7 +134,7 @@ def init_scale_state(
     rule = check_rule(rule)
     init = check_factor(init_scale, "init_scale")
     shape = tuple(shape)
-    if shape not in ((), (1,)):
+    if shape not in SHAPES:
         raise ValueError(f"shape must be () or (1,), got {shape}")
     with np.errstate(over="ignore"):
         scale = np.asarray(init, dtype=dt)

@@ -7,6 +7,7 @@ Python number), so nothing below validates again.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, Literal
 
@@ -14,7 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_amp_scale.state.scale_state import SCALE_DTYPES
+# The scale dtypes (the Ascend operator's), the int32 range of the tracker
+# and interval, and the published kernels a state can follow (ScaleState).
+SCALE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+INT32_MAX = 2**31 - 1
+RULES: tuple[str, ...] = ("torch", "cann")
 
 Backend = Literal["auto", "reference", "ffi"]
 BACKENDS: tuple[str, ...] = ("auto", "reference", "ffi")
@@ -110,3 +115,75 @@ def found_to_bool(found_inf: Any, shape: tuple[int, ...]) -> jax.Array:
     if isinstance(found_inf, np.ndarray | np.generic):  # host value: NumPy is exact
         return jnp.full(shape, bool(np.asarray(found_inf).reshape(()) != 0))
     return nonzero_bits(jnp.asarray(found_inf)).reshape(shape)
+
+
+def _is_traced_or_array(value: Any) -> bool:
+    return isinstance(value, jax.Array)  # tracers are jax.Arrays too
+
+
+def check_factor(value: Any, name: str) -> float:
+    """Returns `value` as a Python float, or raises naming `name`.
+
+    Factors are static attributes: Python or NumPy real numbers, finite, > 0.
+    """
+    if _is_traced_or_array(value):
+        raise TypeError(
+            f"{name} must be a Python number (it is a static attribute of the "
+            f"operator), not a JAX array or traced value; got {type(value).__name__}"
+        )
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    out = float(value)
+    if not (math.isfinite(out) and out > 0.0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return out
+
+
+def check_growth_interval(value: Any, name: str = "growth_interval") -> int:
+    """Returns `value` as a Python int in [1, 2**31 - 1], or raises."""
+    if _is_traced_or_array(value):
+        raise TypeError(
+            f"{name} must be a Python int (a static attribute), not a JAX "
+            f"array or traced value; got {type(value).__name__}"
+        )
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer in [1, {INT32_MAX}], got {value!r}")
+    out = int(value)
+    if not 1 <= out <= INT32_MAX:
+        raise ValueError(f"{name} must lie in [1, {INT32_MAX}], got {out}")
+    return out
+
+
+def check_rule(value: Any, name: str = "rule") -> str:
+    """Returns `value` if it is one of `RULES`, or raises naming `name`."""
+    if not isinstance(value, str) or value not in RULES:
+        raise ValueError(f"{name} must be one of {RULES}, got {value!r}")
+    return value
+
+
+def check_rule_factor(value: float, rule: str, name: str) -> float:
+    """`value` (a checked factor) if `rule` can use it: under ``"cann"`` it
+    is rounded to float32, which must stay finite and nonzero."""
+    if rule == "cann":
+        with np.errstate(over="ignore", under="ignore"):
+            f32 = np.float32(value)
+        if not (np.isfinite(f32) and f32 > 0):
+            raise ValueError(
+                f"{name}={value!r} is {float(f32)} in float32; rule='cann' multiplies "
+                "by float32 factors, which must be finite and nonzero"
+            )
+    return value
+
+
+def check_scale_dtype(dtype: Any, name: str = "dtype") -> np.dtype:
+    try:
+        dt = jnp.dtype(dtype)
+    except TypeError as e:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {dtype!r}") from e
+    if dt not in SCALE_DTYPES:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {dt.name}")
+    return dt

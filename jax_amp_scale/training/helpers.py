@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_amp_scale.ops.gradient_pass import (
-    native_flag_expected,
     unscale_and_check_leaves,
 )
 from jax_amp_scale.ops.update_scale import or_across
@@ -192,12 +191,6 @@ def all_finite(tree: PyTree) -> jax.Array:
     if not flags:
         return jnp.array(True)
     return jnp.all(jnp.stack(flags))
-
-
-def fused_pass_expected(tree: PyTree, backend: Backend) -> bool:
-    """Whether `unscale_and_check` will take its found flag from a native call on `tree`."""
-    leaves = [x for x in jax.tree_util.tree_leaves(tree) if is_float_leaf(x)]
-    return native_flag_expected(leaves, check_backend(backend))
 
 
 def unscale_and_check(

@@ -350,7 +350,9 @@ def loss_scaled(
     skipped.  The state is a `LossScaledState`.
     """
     legacy_scale = _check_removed(removed, "loss_scaled")
-    if scaler is None:
+    if legacy_scale is not None:
+        if scaler is not None:
+            raise TypeError("loss_scaled: pass the scaler once (scaler=), not also scale=")
         scaler = legacy_scale
     if isinstance(inner, optax.MultiSteps):
         inner = inner.gradient_transformation()

@@ -57,7 +57,9 @@ def _accumulator(params: Any) -> Any:
     )
 
 
-def accumulate_gradients(inner: optax.GradientTransformation, k: int) -> LossScaled:
+def accumulate_gradients(
+    inner: optax.GradientTransformation, k: int
+) -> optax.GradientTransformationExtraArgs:
     """Gradient accumulation over `k` calls with torch ``GradScaler``'s semantics.
 
     Wrap the loss-scaled optimizer: ``accumulate_gradients(loss_scaled(inner),
@@ -81,6 +83,7 @@ def accumulate_gradients(inner: optax.GradientTransformation, k: int) -> LossSca
         raise TypeError(
             f"inner must be an optax GradientTransformation, got {type(inner).__name__}"
         )
+    scaled = isinstance(inner, LossScaled)
     inner = optax.with_extra_args_support(inner)
 
     def init_fn(params: Any) -> AccumulationState:
@@ -126,7 +129,10 @@ def accumulate_gradients(inner: optax.GradientTransformation, k: int) -> LossSca
         mini = jnp.where(emit, 0, state.mini_step + 1).astype(jnp.int32)
         return new_updates, AccumulationState(new_inner, mini, acc)
 
-    return LossScaled(init_fn, update_fn)
+    # Trainer takes a LossScaled as the whole optimizer: only when it is one.
+    if scaled:
+        return LossScaled(init_fn, update_fn)
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def _typed_as(value: Any, struct: Any) -> jax.Array:

@@ -36,13 +36,17 @@ from jax_amp_scale.state.scale_state import (
     DEFAULT_GROWTH_INTERVAL,
     DEFAULT_INIT_SCALE,
     DEFAULT_RULE,
-    INT32_MAX,
     ScaleState,
-    check_factor,
-    check_scale_dtype,
     init_scale_state,
 )
-from jax_amp_scale.state.validation import Backend, check_bool, found_to_bool
+from jax_amp_scale.state.validation import (
+    INT32_MAX,
+    Backend,
+    check_bool,
+    check_factor,
+    check_scale_dtype,
+    found_to_bool,
+)
 from jax_amp_scale.training import _export, helpers
 
 PyTree = Any

@@ -93,7 +93,7 @@ class Trainer:
             from jax_amp_scale.training import pieces
         except ModuleNotFoundError as e:
             raise ModuleNotFoundError(
-                f"Trainer needs optax ({e}); install it with pip install 'jax-amp-scale[optax]'"
+                f"Trainer needs optax ({e}); install it with pip install optax"
             ) from e
         if "scale" in removed:
             warnings.warn(
