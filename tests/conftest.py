@@ -8,6 +8,7 @@ once per process, so the two cannot share one).
 """
 
 import os
+import sys
 
 import pytest
 
@@ -38,3 +39,21 @@ def cann(double, monkeypatch):
     yield double
     ascend_harness.testing().release_workspaces()
     double.reset()
+
+
+def pytest_collection_finish(session):
+    # The eight-device tiers run in a child process: start each one selected
+    # now, so that it runs beside the rest of the session (tests/test_multidevice.py).
+    if MULTIDEVICE or session.config.option.collectonly:
+        return
+    from tests import test_multidevice as md
+
+    names = {item.name for item in session.items} & set(md.MARKERS)
+    if names:
+        session.config.stash[md.TIERS] = {name: md.Tier(md.MARKERS[name]) for name in names}
+
+
+def pytest_sessionfinish(session):
+    md = sys.modules.get("tests.test_multidevice")
+    for tier in session.config.stash.get(md.TIERS, {}).values() if md else ():
+        tier.stop()

@@ -3,8 +3,8 @@
 python -m tests.export_worker save FIXTURE_NAME BACKEND DIR
     exports the step, writes DIR/step.bin and DIR/step.npz (inputs and
     the unexported step's outputs)
-python -m tests.export_worker check DIR
-    deserializes DIR/step.bin in this (fresh) process with
+python -m tests.export_worker check DIR [DIR ...]
+    deserializes each DIR/step.bin in this (fresh) process with
     jax_amp_scale.export.deserialize, runs it, exits 0 when every output
     has the unexported step's bits
 """
@@ -51,11 +51,12 @@ def check(out_dir: str) -> None:
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype)
         np.testing.assert_array_equal(g.view(f"u{g.itemsize}"), w.view(f"u{w.itemsize}"))
-    print("same bits:", len(got), "outputs")
+    print("same bits:", d.name, len(got), "outputs")
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "save":
         save(*sys.argv[2:5])
     else:
-        check(sys.argv[2])
+        for out_dir in sys.argv[2:]:
+            check(out_dir)

@@ -42,6 +42,7 @@ def test_rule_header_under_sanitizers(tmp_path):
     assert res.stdout.strip().endswith("ok")
 
 
+@pytest.mark.slow  # every float32 pattern: about 14 s
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler on PATH")
 def test_float16_loop_f16c_equals_portable(tmp_path):
     """tests/native/f16_test.cc: the F16C float16 loop against the portable one.
