@@ -153,10 +153,10 @@ def unscale_only(loss_fn, params, opt):
 PARTS = {
     "plain step": _steps.plain,
     "+ unscale_and_check (fused pass)": unscale_only,
-    "+ update_scale and the state's counters": _steps.ours(
-        "auto", drop_overflow_update=False, host_callbacks=False
-    ),
-    "+ the skip (one lax.cond)": _steps.ours("auto", host_callbacks=False),
+    # loss_scaled compiles its skip whatever the scaler's drop_overflow_update
+    # says (the decision is data), so the scale update, the counters and the
+    # skip are one part.
+    "+ update_scale, the counters and the skip": _steps.ours("auto", host_callbacks=False),
     "+ the overflow report (loss_scaled's default)": _steps.ours("auto"),
 }
 
