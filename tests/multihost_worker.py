@@ -302,7 +302,7 @@ def _loss_scaled(backend, axis_name=None):
 
     return jax_amp_scale.optax.loss_scaled(
         optax.sgd(LR),
-        jas.dynamic_scale(2.0**8, growth_interval=2),
+        jas.dynamic_scaler(2.0**8, growth_interval=2),
         axis_name=axis_name,
         backend=backend,
     )

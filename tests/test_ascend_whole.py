@@ -118,14 +118,14 @@ def test_loss_scaled_steps_on_ascend(cann):
     def train(backend):
         tx = loss_scaled(
             optax.identity(),
-            jas.dynamic_scale(init_scale=2.0**14, growth_interval=2, dtype=jnp.float16),
+            jas.dynamic_scaler(init_scale=2.0**14, growth_interval=2, dtype=jnp.float16),
             backend=backend,
         )
 
         def step(s, x):
             g = jax.grad(lambda q: jas.scale_loss(loss(q, x), s))(params)
             u, s = tx.update(g, s, params)
-            return s, (u, s.found_inf, s.loss_scale)
+            return s, (u, s.found_inf, s.scale)
 
         return jax.jit(lambda x: jax.lax.scan(step, tx.init(params), x)[1])(xs)
 

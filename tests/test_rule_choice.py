@@ -331,8 +331,8 @@ def test_subnormal_found_inf_counts_under_the_cann_rule(backend, dtype):
     np.testing.assert_array_equal(np.asarray(mapped, np.float32), [512.0, 1024.0])
 
 
-def test_dynamic_scale_takes_the_rule():
-    kind = jas.dynamic_scale(init_scale=3.0, growth_factor=1.1, growth_interval=1, rule="cann")
+def test_dynamic_scaler_takes_the_rule():
+    kind = jas.dynamic_scaler(init_scale=3.0, growth_factor=1.1, growth_interval=1, rule="cann")
     assert kind.state.rule == "cann"
     grown = jax.jit(lambda k: k.update(jnp.array(False)))(kind)
     want = jas.amp_update_scale(
