@@ -30,6 +30,7 @@ from typing import Any
 import jax
 from jax import export as jax_export
 
+from jax_amp_scale.lowering import partitioning
 from jax_amp_scale.platforms import native, registry
 
 
@@ -62,17 +63,38 @@ def export(
     (added to the library's own) and the other keywords go to
     `jax.export.export`.  Host callbacks (``jax.debug.callback``) still fail
     to serialize: build the step without them (``host_callbacks=False``;
-    docs/guide/export.md).
+    docs/guide/export.md).  In a process with several devices the native
+    calls are exported unpartitioned (one call over whole arrays, which XLA
+    gathers around when the artifact runs sharded; the same bits), because
+    custom_partitioning does not serialize; exporting then clears jit's
+    caches (`jax.clear_caches`) before and after tracing.
     """
     checks = [jax_export.DisabledSafetyCheck.custom_call(t) for t in exportable_targets()]
     if not hasattr(fun, "lower"):
         fun = jax.jit(fun)
-    return jax_export.export(
+    exporter = jax_export.export(
         fun,  # type: ignore[arg-type]
         platforms=platforms,
         disabled_checks=[*checks, *disabled_checks],
         **kwargs,
     )
+    if jax.device_count() == 1:
+        return exporter
+
+    def export_whole(*args: Any, **kw: Any) -> jax_export.Exported:
+        # With several devices the native calls are wrapped in
+        # custom_partitioning, whose Python partitioner cannot be serialised:
+        # trace them unwrapped.  jit's trace cache does not know that switch,
+        # so it is cleared before (a partitioned trace of `fun` may be
+        # cached) and after (so later steps partition again).
+        jax.clear_caches()
+        try:
+            with partitioning.whole_arrays():
+                return exporter(*args, **kw)
+        finally:
+            jax.clear_caches()
+
+    return export_whole
 
 
 def deserialize(blob: bytes | bytearray) -> jax_export.Exported:

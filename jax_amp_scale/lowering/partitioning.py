@@ -33,7 +33,8 @@ custom_partitioning inlines the call, which then sees the local shards.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Hashable, Sequence
+import contextvars
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -49,6 +50,28 @@ Pass = Callable[[jax.Array, list[jax.Array]], tuple[jax.Array, list[jax.Array]]]
 # the partitioned call with sharding constraints XLA cannot translate when a
 # mesh with explicit axes is set while compiling.
 _EXPLICIT_OK = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 7)
+
+
+# Inside `whole_arrays()` the native calls are traced unwrapped.
+_WHOLE = contextvars.ContextVar("jax_amp_scale_whole_arrays", default=False)
+
+
+@contextlib.contextmanager
+def whole_arrays() -> Iterator[None]:
+    """Trace the native calls without custom_partitioning, as one call on the
+    whole arrays: XLA then gathers sharded operands around them (the bits
+    stay the same).  `jax.export` needs this with several devices, because
+    custom_partitioning's partitioner is a Python callback, which does not
+    serialise."""
+    token = _WHOLE.set(True)
+    try:
+        yield
+    finally:
+        _WHOLE.reset(token)
+
+
+def _unwrapped() -> bool:
+    return jax.device_count() == 1 or _WHOLE.get()
 
 
 def partitions(operands: Sequence[Any]) -> bool:
@@ -176,7 +199,7 @@ def elementwise_pass(run: Pass) -> Pass:
     """
 
     def partitioned(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
-        if jax.device_count() == 1:
+        if _unwrapped():
             found, outs = run(inv, leaves)
             return found, [_typed_like(y, x) for y, x in zip(outs, leaves, strict=True)]
         found, *outs = _partitioned(run, tuple(x.ndim for x in leaves))(inv, *leaves)
@@ -192,7 +215,7 @@ def _elementwise_rule(ndim: int, n_in: int, n_out: int) -> str:
 
 def _per_element_partitioned(fn: Callable[..., Any], *args: jax.Array) -> Any:
     shape = args[0].shape
-    if jax.device_count() == 1 or any(a.shape != shape for a in args):
+    if _unwrapped() or any(a.shape != shape for a in args):
         return tuple(_typed_like(y, args[0]) for y in fn(*args))
     n_out = len(jax.eval_shape(fn, *args))
 
