@@ -76,3 +76,12 @@ EXPLICIT_NATIVE_PASS = (
     "mesh with explicit axes is set; there 'auto' takes the reference and 'ffi' "
     "refuses explicitly sharded leaves"
 )
+
+
+def enable_x64(enabled=True):
+    """`jax.enable_x64` (jax >= 0.8) or `jax.experimental.enable_x64` before it."""
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(enabled)
+    from jax.experimental import enable_x64 as experimental_enable_x64
+
+    return experimental_enable_x64(enabled)

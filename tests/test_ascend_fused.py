@@ -25,6 +25,7 @@ import pytest
 from jax_amp_scale.lowering.gradient_pass import cann_one_call
 from jax_amp_scale.reference.gradient_pass import reference_pass
 from tests import ascend_harness
+from tests.jax_compat import enable_x64
 
 
 def _bits(x):
@@ -73,7 +74,7 @@ def test_mixed_tree_one_list_per_dtype_float64_and_empty_outside(cann):
     leaves = _leaves(rng, [jnp.float16, jnp.float32, jnp.bfloat16, jnp.float32, jnp.float16])
     leaves.append(jnp.zeros((0,), jnp.float32))
     inv = jnp.float32(0.125)
-    with jax.enable_x64(True):
+    with enable_x64(True):
         leaves.append(jnp.asarray([1.0, np.inf], jnp.float64))
         got = _fused(inv, leaves)
         want = jax.jit(reference_pass)(inv, leaves)

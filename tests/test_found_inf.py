@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import jax_amp_scale as jas
+from tests.jax_compat import enable_x64
 
 BACKENDS = ["reference", "ffi", "auto"]
 
@@ -93,9 +94,6 @@ def test_arrays_eager_jit_and_vmap(backend, dtype):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_float64_subnormal_under_x64(backend):
-    enable_x64 = getattr(jax, "enable_x64", None)
-    if enable_x64 is None:  # jax < 0.8
-        from jax.experimental import enable_x64
     with enable_x64(True):
         found = jnp.array([5e-324, -0.0, 0.0, 1e-310], jnp.float64)
         one = jax.jit(lambda f: jas.update_scale(_state(), f, backend).scale)

@@ -23,6 +23,7 @@ import pytest
 import jax_amp_scale as jas
 from jax_amp_scale.ops.gradient_pass import unscale_and_check_leaves
 from jax_amp_scale.reference.inverse import inverse_factors, inverse_scale
+from tests.jax_compat import enable_x64
 
 torch = pytest.importorskip("torch")
 
@@ -137,7 +138,7 @@ def test_a_compile_time_constant_scale_is_not_folded_to_zero():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_float64_gradients(backend):
-    with jax.enable_x64(True):
+    with enable_x64(True):
         g = np.array([0.5 * 2.0**127, 1e300, 3.0, -1e-300], np.float64)
         for scale in [2.0**127, 1.7 * 2.0**127, 3 * 2.0**125]:
             t = torch.from_numpy(g.copy())
