@@ -24,6 +24,11 @@ inline constexpr char kUpdateScaleTarget[] = "jas_update_scale_v2";
 // leaves (aliased).  No attributes.
 inline constexpr char kUnscaleAndCheckTarget[] = "jas_unscale_and_check_v1";
 
+// The host report, v1: flag (bool) and values (bool, float32, int32) ->
+// flag; attribute report (int64), the key of a Python function in this
+// process.  Never in an exported program (the key means nothing elsewhere).
+inline constexpr char kHostReportTarget[] = "jas_host_report_v1";
+
 // Older sets, still served.
 // Update-scale v1: v2 without "rule" (torch's rule).
 inline constexpr char kUpdateScaleTargetV1[] = "jas_update_scale_v1";

@@ -1,8 +1,9 @@
 """Every native module follows one pattern: target names read from the module.
 
 The FFI target names are defined once in C++ (ffi/targets.h) and exported by
-each module as UPDATE_SCALE_TARGET and UNSCALE_AND_CHECK_TARGET;
-registrations() maps those names to capsules.
+each module as UPDATE_SCALE_TARGET and UNSCALE_AND_CHECK_TARGET (and, by the
+CPU module alone, HOST_REPORT_TARGET); registrations() maps those names to
+capsules.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from jax_amp_scale.platforms import native
 # also hands out, for programs serialized by older releases.
 OLDER_CPU = {"jas_update_scale_v1", "jas_update_scale", "jas_unscale_and_check"}
 MODULES = {
-    "_native_cpu": ({"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET"}, OLDER_CPU),
+    "_native_cpu": (
+        {"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET", "HOST_REPORT_TARGET"},
+        OLDER_CPU,
+    ),
     "_native_cuda": ({"UPDATE_SCALE_TARGET"}, {"jas_update_scale_v1", "jas_update_scale"}),
     "_native_ascend": ({"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET"}, OLDER_CPU),
     "_native_plugin": None,  # the PJRT registrar hands out no capsule
@@ -34,6 +38,7 @@ def test_target_names_and_registrations(name):
     assert mod.UPDATE_SCALE_TARGET == native.target("update_scale") == "jas_update_scale_v2"
     assert native.target("unscale_and_check") == mod.UNSCALE_AND_CHECK_TARGET
     assert native.target("unscale_and_check") == "jas_unscale_and_check_v1"
+    assert native.target("host_report") == "jas_host_report_v1"
     if MODULES[name] is None:
         assert not hasattr(mod, "registrations")
         return

@@ -150,6 +150,15 @@ def _target(op: str) -> str:
     return config().targets.get(op) or native.target(op)
 
 
+def host_report_plan(backend: str) -> tuple[frozenset[str], str | None]:
+    """``(platforms, target)`` of the native host report (`lowering.host_report`):
+    none for ``"reference"`` (pure JAX throughout) or without the native module."""
+    if backend == "reference":
+        return frozenset(), None
+    on = native.platforms(registry.HOST_REPORT)
+    return on, (registry.target(registry.HOST_REPORT) if on else None)
+
+
 def available_backends(platform: str | None = None, op: str = UPDATE_SCALE) -> tuple[str, ...]:
     """Backends that run `op` on `platform` (default: JAX's default backend)."""
     if platform_has_native(op, _platform_name(platform)):

@@ -61,13 +61,14 @@ def export(
 
     `fun` is jitted if it is not already.  `platforms`, `disabled_checks`
     (added to the library's own) and the other keywords go to
-    `jax.export.export`.  Host callbacks (``jax.debug.callback``) still fail
-    to serialize: build the step without them (``host_callbacks=False``;
-    docs/guide/export.md).  In a process with several devices the native
-    calls are exported unpartitioned (one call over whole arrays, which XLA
-    gathers around when the artifact runs sharded; the same bits), because
-    custom_partitioning does not serialize; exporting then clears jit's
-    caches (`jax.clear_caches`) before and after tracing.
+    `jax.export.export`.  `loss_scaled`'s host reports do not serialize (a
+    ValueError says so): build the step without them
+    (``host_callbacks=False``; docs/guide/export.md).  In a process with
+    several devices the native calls are exported unpartitioned (one call
+    over whole arrays, which XLA gathers around when the artifact runs
+    sharded; the same bits), because custom_partitioning does not
+    serialize; exporting then clears jit's caches (`jax.clear_caches`)
+    before and after tracing.
     """
     checks = [jax_export.DisabledSafetyCheck.custom_call(t) for t in exportable_targets()]
     if not hasattr(fun, "lower"):
@@ -78,23 +79,38 @@ def export(
         disabled_checks=[*checks, *disabled_checks],
         **kwargs,
     )
-    if jax.device_count() == 1:
-        return exporter
+    whole = jax.device_count() > 1
 
-    def export_whole(*args: Any, **kw: Any) -> jax_export.Exported:
-        # With several devices the native calls are wrapped in
-        # custom_partitioning, whose Python partitioner cannot be serialised:
-        # trace them unwrapped.  jit's trace cache does not know that switch,
-        # so it is cleared before (a partitioned trace of `fun` may be
-        # cached) and after (so later steps partition again).
-        jax.clear_caches()
+    def export_checked(*args: Any, **kw: Any) -> jax_export.Exported:
         try:
-            with partitioning.whole_arrays():
+            if not whole:
                 return exporter(*args, **kw)
-        finally:
+            # With several devices the native calls are wrapped in
+            # custom_partitioning, whose Python partitioner cannot be
+            # serialised: trace them unwrapped.  jit's trace cache does not
+            # know that switch, so it is cleared before (a partitioned trace
+            # of `fun` may be cached) and after (so later steps partition
+            # again).
             jax.clear_caches()
+            try:
+                with partitioning.whole_arrays():
+                    return exporter(*args, **kw)
+            finally:
+                jax.clear_caches()
+        except ValueError as e:
+            if _HOST_REPORT_PREFIX not in str(e):
+                raise
+            raise ValueError(
+                "jax_amp_scale.export: the step holds loss_scaled's host reports, which "
+                "do not serialize; build it with loss_scaled(..., host_callbacks=False) "
+                f"(docs/guide/export.md).  jax.export said: {e}"
+            ) from e
 
-    return export_whole
+    return export_checked
+
+
+# Every version of the host report's target name starts so (ffi/targets.h).
+_HOST_REPORT_PREFIX = "jas_host_report"
 
 
 def deserialize(blob: bytes | bytearray) -> jax_export.Exported:

@@ -17,6 +17,8 @@ import jax
 UPDATE_SCALE = "update_scale"
 UNSCALE_AND_CHECK = "unscale_and_check"
 OPERATORS: tuple[str, ...] = (UPDATE_SCALE, UNSCALE_AND_CHECK)
+# The host report (lowering/host_report.py): native on CPU, never exported.
+HOST_REPORT = "host_report"
 
 # Lowering platform name (as `lax.platform_dependent` and `jax.export` spell
 # it) -> the name `jax.ffi.register_ffi_target` wants.
@@ -26,18 +28,22 @@ XLA_PLATFORM = {"cpu": "cpu", "cuda": "CUDA", "rocm": "ROCM"}
 _TARGET_ATTRIBUTE = {
     UPDATE_SCALE: "UPDATE_SCALE_TARGET",
     UNSCALE_AND_CHECK: "UNSCALE_AND_CHECK_TARGET",
+    HOST_REPORT: "HOST_REPORT_TARGET",
 }
 
 _lock = threading.RLock()
-_handlers: dict[str, set[str]] = {op: set() for op in OPERATORS}
+_handlers: dict[str, set[str]] = {op: set() for op in (*OPERATORS, HOST_REPORT)}
 _load_errors: dict[str, str] = {}
 _targets: dict[str, str] = {}
 _older: set[tuple[str, str]] = set()
 
 
 def module_targets(mod: Any) -> dict[str, str]:
-    """``{operator: FFI target name}`` as native module `mod` defines them."""
-    return {op: str(getattr(mod, attr)) for op, attr in _TARGET_ATTRIBUTE.items()}
+    """``{operator: FFI target name}`` as native module `mod` defines them
+    (the host report's included)."""
+    return {
+        op: str(getattr(mod, attr)) for op, attr in _TARGET_ATTRIBUTE.items() if hasattr(mod, attr)
+    }
 
 
 def set_target_names(names: dict[str, str]) -> None:
@@ -76,9 +82,11 @@ def register_older_target(name: str, platform: str, capsule: Any) -> None:
 
 
 def served_targets() -> frozenset[str]:
-    """Every target name registered here: the current ones and older versions."""
+    """Every operator target name registered here, current and older versions
+    (not the host report's: its key means nothing in another process)."""
     with _lock:
-        return frozenset(_targets.values()) | frozenset(n for n, _ in _older)
+        current = frozenset(name for op, name in _targets.items() if op in OPERATORS)
+        return current | frozenset(n for n, _ in _older)
 
 
 def mark_registered(op: str, platform: str) -> None:

@@ -24,6 +24,7 @@ Also here, for loops ported from torch's ``GradScaler``: `optimizer_step`
 from __future__ import annotations
 
 import enum
+import functools
 import numbers
 import sys
 import warnings
@@ -35,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jax_amp_scale.ops import host_report
 from jax_amp_scale.ops.update_scale import or_across
 from jax_amp_scale.reference.gradient_pass import is_float_leaf
 from jax_amp_scale.state.scale_state import ScaleState
@@ -251,6 +253,8 @@ class _NonfiniteUpdateReport:
         if self.warned or not bad.any():
             return
         n = int(np.asarray(step).max())
+        if n == self.last:  # the same step reported by another device
+            return
         self.run = self.run + 1 if self.last is not None and n == self.last + 1 else 1
         self.last = n
         if self.run >= NONFINITE_RUN_WARNING:
@@ -332,14 +336,16 @@ def loss_scaled(
       max_consecutive_overflows: None (torch: no limit) or n: the n-th
         overflowing step in a row raises ``FloatingPointError`` on the host
         (see `host_callbacks`).
-      host_callbacks: the reports by ``jax.debug.callback`` (default True):
-        a ``RuntimeWarning`` when a dynamic scale reaches 0 or
-        ``min_scale``, the `max_consecutive_overflows` error, the guard's
-        warning.  They run inside the skip branch (or the guard's), never on
-        a plain step.  The error is written to stderr, then raised in the
-        callback, so it reaches your code as ``jax.errors.JaxRuntimeError``
-        whose message ends with it.  False for ``jax.export`` (which cannot
-        serialize host callbacks): the counters stay in the state.
+      host_callbacks: the host reports (default True): a ``RuntimeWarning``
+        when a dynamic scale reaches 0 or ``min_scale``, the
+        `max_consecutive_overflows` error, the guard's warning.  They run
+        inside the skip branch (or the guard's), never on a plain step: on
+        CPU as a native custom call that calls Python, elsewhere (and with
+        ``backend="reference"``) as ``jax.debug.callback``.  The error is
+        written to stderr, then raised on the host, so it reaches your code
+        as ``jax.errors.JaxRuntimeError`` whose message holds it, when the
+        step's result is read.  False for ``jax.export`` (which cannot
+        serialize the reports): the counters stay in the state.
       backend: the `update_scale` backend (``"auto"``, ``"reference"``,
         ``"ffi"``); the gradient pass runs ``"auto"``, or ``"reference"``
         when `backend` is ``"reference"``.
@@ -370,7 +376,7 @@ def loss_scaled(
     if limit is not None and not callbacks:
         raise ValueError(
             "max_consecutive_overflows needs host_callbacks=True (it raises from a "
-            "jax.debug.callback); without callbacks, read state.consecutive_overflows instead"
+            "host report); without callbacks, read state.consecutive_overflows instead"
         )
     backend = check_backend(backend)  # type: ignore[assignment]
     # "ffi" asks for the native update-scale operator; the gradient pass stays
@@ -381,6 +387,7 @@ def loss_scaled(
     dynamic = isinstance(scaler, scalers.DynamicScaler)
     floor = scaler.min_scale if isinstance(scaler, scalers.DynamicScaler) else None
     report_overflows = callbacks and (dynamic or limit is not None)
+    overflow_report = functools.partial(_overflow_report, limit=limit, floor=floor)
     nonfinite_report = _NonfiniteUpdateReport()
 
     def init_fn(params: Any) -> LossScaledState:
@@ -415,22 +422,20 @@ def loss_scaled(
         # applies it.  The cond's overflow branch runs the host reports (never
         # on a plain step); its result is one flag in memory, which each
         # leaf's select reads inside that leaf's update kernel (no extra pass).
+        # A report returns the flag it was given: using it keeps the report.
         def overflow() -> jax.Array:
+            skip = bad | drop
             if report_overflows:
-                jax.debug.callback(
-                    lambda f, s, c: _overflow_report(f, s, c, limit=limit, floor=floor),
-                    found,
-                    new_scaler.scale,
-                    overflows,
+                seen = host_report.report(
+                    overflow_report, found, new_scaler.scale, overflows, backend=pass_backend
                 )
-            return bad | drop
+                skip = skip & seen  # seen is found: True in this branch
+            return skip
 
         def finite() -> jax.Array:
             if guarded and callbacks:
-                jax.lax.cond(
-                    bad,
-                    lambda: jax.debug.callback(nonfinite_report, bad, state.total_steps),
-                    lambda: None,
+                return host_report.report(
+                    nonfinite_report, bad, state.total_steps, backend=pass_backend
                 )
             return bad
 
