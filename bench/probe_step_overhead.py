@@ -13,6 +13,8 @@ adds one piece to the plain step, all interleaved in this one process:
   every optimizer kernel waits for the last gradient's check;
 - ``native pass, flag selects the update``: the same with the native
   in-place pass;
+- ``native pass, lax.cond skips the update``: the skip as one ``lax.cond``
+  around the optimizer's update instead (optax's ``apply_if_finite`` shape);
 - ``loss_scaled, host_callbacks=False`` and ``loss_scaled (default)``.
 
 And a second table: one jitted elementwise function with and without a
@@ -48,10 +50,11 @@ def _xla_check(grads) -> jax.Array:
     return jnp.logical_not(jnp.all(jnp.stack([leaf_finite(g) for g in jax.tree.leaves(grads)])))
 
 
-def variant(check: str, flag_skips: bool) -> _steps.Builder:
+def variant(check: str, flag_skips: bool | str) -> _steps.Builder:
     """The plain step plus unscaling by a fused multiply and, unless `check` is
     "none", a finiteness check ("xla" or "native") whose flag advances the
-    scale and, when `flag_skips`, selects the update as `loss_scaled` does."""
+    scale and, when `flag_skips`, selects the update as `loss_scaled` does
+    (or, when it is "cond", skips it with a lax.cond)."""
 
     def build(loss_fn, params, opt):
         def step(carry, batch):
@@ -65,8 +68,19 @@ def variant(check: str, flag_skips: bool) -> _steps.Builder:
                     found = _xla_check(grads)
                 inv = 1.0 / scale.scale
                 grads = jax.tree.map(lambda g: g * inv, grads)
-            updates, new_state = opt.update(grads, opt_state, params)
-            if flag_skips:
+            if flag_skips == "cond":
+
+                def skip():
+                    updates, _ = opt.update(grads, opt_state, params)
+                    return jax.tree.map(jnp.zeros_like, updates), opt_state
+
+                def apply():
+                    return opt.update(grads, opt_state, params)
+
+                updates, new_state = jax.lax.cond(found, skip, apply)
+            else:
+                updates, new_state = opt.update(grads, opt_state, params)
+            if flag_skips is True:
                 zero = jax.tree.map(jnp.zeros_like, updates)
                 updates = jax.tree.map(lambda z, u: jax.lax.select(found, z, u), zero, updates)
                 new_state = jax.tree.map(
@@ -87,6 +101,7 @@ CANDIDATES: dict[str, _steps.Builder] = {
     "check, flag unused by the update": variant("xla", flag_skips=False),
     "check, flag selects the update": variant("xla", flag_skips=True),
     "native pass, flag selects the update": variant("native", flag_skips=True),
+    "native pass, lax.cond skips the update": variant("native", flag_skips="cond"),
     "loss_scaled, host_callbacks=False": _steps.ours("auto", host_callbacks=False),
     "loss_scaled (default)": _steps.ours("auto"),
 }

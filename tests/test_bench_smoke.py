@@ -291,6 +291,29 @@ def test_probe_hlo_counts_every_candidate():
         assert [r.split(" | ")[0][2:] for r in rows[1:]] == list(probe_hlo.PARTS)
 
 
+def test_probe_step_overhead_reports_every_variant():
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "probe_step_overhead.py"), "--tiny"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    import probe_step_overhead
+
+    tables = proc.stdout.split("#### 1. Step overhead, decomposed")[1:]
+    rows = [r for r in tables[0].splitlines() if r.startswith("| ") and "---" not in r]
+    assert [r.split(" | ")[0][2:] for r in rows[1:]] == list(probe_step_overhead.CANDIDATES)
+    for r in rows[1:]:
+        median, ratio = float(r.split(" | ")[1]), float(r.split(" | ")[4])
+        assert median > 0 and math.isfinite(ratio) and ratio > 0
+    rows = [r for r in tables[1].splitlines() if r.startswith("| ") and "---" not in r]
+    assert [r.split(" | ")[0][2:] for r in rows[1:]] == [
+        "elementwise",
+        "elementwise + never-run host callback",
+    ]
+
+
 def test_probe_hlo_parts_add_what_they_name():
     """Each step of the probe's ablation holds what its row says it adds."""
     pytest.importorskip("jax_amp_scale")
