@@ -11,6 +11,15 @@ from jax import export
 BEFORE_0_7 = tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 7)
 LOWERS_EVERY_BRANCH = BEFORE_0_7
 
+# jax 0.6 refuses to call an artifact serialized by a newer jax for any
+# number of devices (nr_devices 0): "exported for 0 devices and is called in
+# a context with 1 devices".
+CALLS_ARTIFACTS_OF_NEWER_JAX = not BEFORE_0_7
+ARTIFACT_DEVICES = (
+    "jax < 0.7 cannot call the committed artifacts, which a newer jax serialized "
+    "for any number of devices (ValueError: exported for 0 devices)"
+)
+
 # What jax 0.6 itself cannot do, found running tests/multidevice against it.
 GRAD_OF_VARYING_LOSS = (
     "jax < 0.7: jax.grad of a loss typed as varying inside shard_map fails in jax "

@@ -18,7 +18,7 @@ import pytest
 
 import jax_amp_scale as jas
 from jax_amp_scale import export
-from tests import export_worker
+from tests import export_worker, jax_compat
 from tests.fixtures import make_export_fixtures as fx
 
 pytest.importorskip("flatbuffers")  # jax.export's serializer (the "export" extra)
@@ -61,6 +61,9 @@ def test_round_trip_in_a_fresh_process_gives_the_unexported_bits(tmp_path):
     assert out.count("same bits") == len(dirs) == 6, out
 
 
+@pytest.mark.xfail(
+    not jax_compat.CALLS_ARTIFACTS_OF_NEWER_JAX, reason=jax_compat.ARTIFACT_DEVICES, strict=True
+)
 @pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
 def test_committed_artifacts_still_run_with_the_same_bits(path):
     # Made by an earlier release (tests/fixtures/make_export_fixtures.py);

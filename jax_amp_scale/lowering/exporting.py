@@ -97,12 +97,16 @@ def export(
                     return exporter(*args, **kw)
             finally:
                 jax.clear_caches()
-        except ValueError as e:
-            if _HOST_REPORT_PREFIX not in str(e):
+        except (ValueError, NotImplementedError) as e:
+            # jax >= 0.7 names the report's target; older jax lowers every
+            # platform's branch, so there the report's callback branch trips
+            # jax's host-callback check first.
+            ours = _HOST_REPORT_PREFIX in str(e) or "host_callbacks" in str(e)
+            if not ours:
                 raise
-            raise ValueError(
-                "jax_amp_scale.export: the step holds loss_scaled's host reports, which "
-                "do not serialize; build it with loss_scaled(..., host_callbacks=False) "
+            raise type(e)(
+                "jax_amp_scale.export: the step holds host reports or callbacks, which do not "
+                "serialize; build loss_scaled with host_callbacks=False "
                 f"(docs/guide/export.md).  jax.export said: {e}"
             ) from e
 
