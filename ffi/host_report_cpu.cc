@@ -18,7 +18,8 @@
 // Nothing is called unless some element of flag is true (under vmap the
 // call runs on every step, flagged or not).  An exception the function
 // raises becomes the call's error, "ExceptionType: message", which JAX
-// raises as a JaxRuntimeError when the result is read.
+// raises (JaxRuntimeError, or ValueError from its C++ dispatch path) when
+// the result is read.
 #include <nanobind/nanobind.h>
 
 #include <cstdint>

@@ -52,6 +52,18 @@ def suite(tmp_path_factory):
     return out, data, tables
 
 
+def _run_script(script: str, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    """``python bench/<script> <args>``, checked to exit 0."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
 def _run_all():
     import run_all
 
@@ -250,13 +262,7 @@ def test_rerun_one_workload_keeps_the_others(suite):
 
 
 def test_probe_hlo_counts_every_candidate():
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "probe_hlo.py"), "--leaves", "2", "4"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _run_script("probe_hlo.py", "--leaves", "2", "4")
     names = list(_steps.candidates(("auto", "reference") if _ours_expected() else ()))
     for n in (2, 4):
         section = proc.stdout.split(f"#### step with {n} parameter leaves")[1].split("####")[0]
@@ -292,13 +298,7 @@ def test_probe_hlo_counts_every_candidate():
 
 
 def test_probe_step_overhead_reports_every_variant():
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "probe_step_overhead.py"), "--tiny"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _run_script("probe_step_overhead.py", "--tiny")
     import probe_step_overhead
 
     tables = proc.stdout.split("#### 1. Step overhead, decomposed")[1:]
@@ -370,13 +370,7 @@ def test_probe_hlo_skips_are_exact():
 
 @pytest.mark.skipif(not _ours_expected(), reason="needs the native extension")
 def test_probe_transpose_times_every_shape():
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "probe_transpose.py"), "--tiny"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _run_script("probe_transpose.py", "--tiny", timeout=300)
     table = proc.stdout.split("#### probe:")[1]
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ")][1:]
     assert [r[0][2:] for r in rows] == [

@@ -133,6 +133,23 @@ def test_loss_scaled_reports_without_a_host_callback_on_cpu():
     assert TARGET in hlo and CALLBACK not in hlo
 
 
+def test_the_callback_route_makes_no_host_call_on_an_unflagged_step():
+    """Off the native route the report is a jax.debug.callback inside a
+    branch taken only when the flag has a true element (no device-to-host
+    trip on the other steps)."""
+    rec = Recorder()
+    f = lambda flag, x: host_report.report(rec, flag, x, backend="reference")  # noqa: E731
+    hlo = _hlo(f, jnp.bool_(False), jnp.float32(1))
+    entry = hlo[hlo.index("ENTRY") :].split("\n}\n")[0]
+    assert CALLBACK in hlo and CALLBACK not in entry and " conditional(" in entry
+    jax.block_until_ready(jax.jit(f)(jnp.bool_(False), jnp.float32(1)))
+    jax.effects_barrier()
+    assert rec.calls == []
+    jax.block_until_ready(jax.jit(f)(jnp.bool_(True), jnp.float32(1)))
+    jax.effects_barrier()
+    assert [c[1].tolist() for c in rec.calls] == [[1.0]]
+
+
 @needs_native
 def test_export_of_a_step_with_reports_says_what_to_change():
     from jax_amp_scale import export as jas_export

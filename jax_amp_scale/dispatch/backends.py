@@ -156,7 +156,7 @@ def host_report_plan(backend: str) -> tuple[frozenset[str], str | None]:
     if backend == "reference":
         return frozenset(), None
     on = native.platforms(registry.HOST_REPORT)
-    return on, (registry.target(registry.HOST_REPORT) if on else None)
+    return on, (_target(registry.HOST_REPORT) if on else None)
 
 
 def available_backends(platform: str | None = None, op: str = UPDATE_SCALE) -> tuple[str, ...]:

@@ -13,8 +13,9 @@ call keeps the step on JAX's fast, asynchronous path.  Elsewhere (and
 without the native module) the report is a ``jax.debug.callback``.
 
 What this changes for the caller: an exception `fn` raises reaches the
-caller as a ``jax.errors.JaxRuntimeError`` whose message starts with the
-exception's type and text, when the step's result is read; a warning is
+caller as a ``jax.errors.JaxRuntimeError`` (or a ``ValueError`` from JAX's
+C++ dispatch path) whose message holds the exception's type and text, when
+the step's result is read; a warning is
 issued while the step runs, so read a result (``jax.block_until_ready``)
 before you expect it (``jax.effects_barrier`` does not wait for it).  The
 values reach `fn` flattened to one dimension (a ``vmap`` batch, for
@@ -24,7 +25,6 @@ serialize it, nor a host callback).
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -38,21 +38,16 @@ from jax_amp_scale.lowering.custom_call import per_platform
 Report = Callable[..., None]
 
 _lock = threading.Lock()
-_keys = itertools.count(1)
-# Every function reported to, by key, for the life of the process: a
-# compiled program may call it at any later time.
+# Every function reported to, keyed by its id(), for the life of the
+# process: a compiled program may call it at any later time (and keeping it
+# alive keeps its id unique).
 _reports: dict[int, Report] = {}
-_key_of: dict[int, int] = {}  # id(fn) -> key (fn is kept alive by _reports)
 
 
 def _key(fn: Report) -> int:
     with _lock:
-        key = _key_of.get(id(fn))
-        if key is None:
-            key = next(_keys)
-            _reports[key] = fn
-            _key_of[id(fn)] = key
-        return key
+        _reports[id(fn)] = fn
+    return id(fn)
 
 
 def run(key: int, values: list[list[Any]]) -> str | None:
@@ -86,10 +81,11 @@ def report(
     def by_callback(flag: jax.Array, *values: jax.Array) -> jax.Array:
         def host(flag: Any, *values: Any) -> None:
             flag = np.asarray(flag)
-            if flag.any():
+            if flag.any():  # under vmap the cond below runs for every lane
                 fn(flag.reshape(-1), *(np.asarray(v).reshape(-1) for v in values))
 
-        jax.debug.callback(host, flag, *values)
+        # No host call on an unflagged step (a device-to-host trip on GPU).
+        jax.lax.cond(jnp.any(flag), lambda: jax.debug.callback(host, flag, *values), lambda: None)
         return flag
 
     if not native_on or target is None:
