@@ -156,7 +156,7 @@ PARTS = {
     # loss_scaled compiles its skip whatever the scaler's drop_overflow_update
     # says (the decision is data), so the scale update, the counters and the
     # skip are one part.
-    "+ update_scale, the counters and the skip": _steps.ours("auto", host_callbacks=False),
+    "+ update_scale, the counters and the skip": _steps.ours("auto", host_reports=False),
     "+ the overflow report (loss_scaled's default)": _steps.ours("auto"),
 }
 

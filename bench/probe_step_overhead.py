@@ -15,7 +15,7 @@ adds one piece to the plain step, all interleaved in this one process:
   in-place pass;
 - ``native pass, lax.cond skips the update``: the skip as one ``lax.cond``
   around the optimizer's update instead (optax's ``apply_if_finite`` shape);
-- ``loss_scaled, host_callbacks=False`` and ``loss_scaled (default)``.
+- ``loss_scaled, host_reports=False`` and ``loss_scaled (default)``.
 
 And a second table: one jitted elementwise function with and without a
 ``jax.debug.callback`` in a branch that never runs, timing the call's
@@ -102,7 +102,7 @@ CANDIDATES: dict[str, _steps.Builder] = {
     "check, flag selects the update": variant("xla", flag_skips=True),
     "native pass, flag selects the update": variant("native", flag_skips=True),
     "native pass, lax.cond skips the update": variant("native", flag_skips="cond"),
-    "loss_scaled, host_callbacks=False": _steps.ours("auto", host_callbacks=False),
+    "loss_scaled, host_reports=False": _steps.ours("auto", host_reports=False),
     "loss_scaled (default)": _steps.ours("auto"),
 }
 

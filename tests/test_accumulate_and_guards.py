@@ -141,12 +141,22 @@ def test_accumulate_window_state_is_clean():
     assert int(ls.inner_state[0].count) == 3  # adam stepped once per finite window
 
 
-def test_multisteps_around_loss_scaled_is_documented_not_detected():
-    """The library inspects no call stack: the wrong nesting is documented in
-    loss_scaled's docstring (and the README), next to the right one."""
-    doc = loss_scaled.__doc__
-    assert "Never wrap the result in ``optax.MultiSteps``" in doc
-    assert "`accumulate_gradients` outside is torch's semantics" in doc
+def test_multisteps_around_loss_scaled_is_refused_at_init():
+    """optax.MultiSteps resets its accumulator as (1 - emit) * acc: one
+    overflow would leave NaN in it for good and freeze training silently.
+    Every way of calling MultiSteps' init says so, naming the fix."""
+    p = {"w": jnp.zeros(3)}
+    ms = optax.MultiSteps(loss_scaled(optax.sgd(1.0)), every_k_schedule=2)
+    for init in (ms.init, ms.gradient_transformation().init, jax.jit(ms.init)):
+        with pytest.raises(TypeError, match=r"optax.MultiSteps.*accumulate_gradients\(loss_scaled"):
+            init(p)
+    # Around a chain holding loss_scaled too, and inside a chain inside it.
+    chained = optax.MultiSteps(optax.chain(loss_scaled(optax.sgd(1.0))), every_k_schedule=2)
+    with pytest.raises(TypeError, match=r"optax\.MultiSteps"):
+        chained.init(p)
+    # Not refused: the same transformation used directly, or inside a chain.
+    loss_scaled(optax.sgd(1.0)).init(p)
+    optax.chain(optax.identity(), loss_scaled(optax.sgd(1.0))).init(p)
 
 
 def test_multisteps_inside_updates_scale_per_micro_batch():
@@ -322,8 +332,8 @@ def test_scale_reaching_zero_or_floor_warns():
         jax.block_until_ready(jax.jit(tx.update)(jnp.ones(1), st, jnp.zeros(1)))
 
 
-def test_host_callbacks_off_for_jax_export():
-    """Host callbacks cannot be serialized: host_callbacks=False exports
+def test_host_reports_off_for_jax_export():
+    """Host reports cannot be serialized: host_reports=False exports
     (serialized and deserialized; tests/test_export.py runs it in a fresh
     process)."""
     from jax import export
@@ -332,19 +342,25 @@ def test_host_callbacks_off_for_jax_export():
     from tests.fixtures.make_export_fixtures import register_optax_states
 
     register_optax_states()  # sgd's EmptyState, by name
-    tx = loss_scaled(optax.sgd(1.0), backend="reference", host_callbacks=False)
+    tx = loss_scaled(optax.sgd(1.0), backend="reference", host_reports=False)
     st = tx.init(jnp.zeros(3))
     blob = jas_export.export(tx.update)(jnp.ones(3), st, jnp.zeros(3)).serialize()
     u, st2 = jas_export.deserialize(blob).call(jnp.full(3, jnp.inf), st, jnp.zeros(3))
     np.testing.assert_array_equal(u, np.zeros(3))
     assert bool(st2.found_inf) and int(st2.skipped_steps) == 1
     assert int(st2.consecutive_overflows) == 1
-    with pytest.raises(NotImplementedError, match="host_callbacks"):
+    # jax.export's own error (NotImplementedError here) says what it cannot do;
+    # the library's export says ValueError and what to change, on every route.
+    with pytest.raises(NotImplementedError):
         export.export(jax.jit(loss_scaled(optax.sgd(1.0), backend="reference").update))(
             jnp.ones(3), st, jnp.zeros(3)
         )
-    with pytest.raises(ValueError, match="max_consecutive_overflows needs host_callbacks=True"):
-        loss_scaled(optax.sgd(1.0), max_consecutive_overflows=3, host_callbacks=False)
+    for backend in ("reference", "auto"):
+        tx = loss_scaled(optax.sgd(1.0), backend=backend)
+        with pytest.raises(ValueError, match="host_reports=False"):
+            jas_export.export(tx.update)(jnp.ones(3), st, jnp.zeros(3))
+    with pytest.raises(ValueError, match="max_consecutive_overflows needs host_reports=True"):
+        loss_scaled(optax.sgd(1.0), max_consecutive_overflows=3, host_reports=False)
 
 
 # --------------------------------------------------------------- torch port
@@ -538,7 +554,7 @@ def test_no_op_unscale_returns_the_tree_itself():
             "max_consecutive_overflows must be an int >= 1 or None",
         ),
         ({"skip_nonfinite_updates": "yes"}, TypeError, "skip_nonfinite_updates"),
-        ({"host_callbacks": 1}, TypeError, "host_callbacks"),
+        ({"host_reports": 1}, TypeError, "host_reports"),
     ],
 )
 def test_loss_scaled_bad_options(kwargs, err, match):
@@ -570,8 +586,6 @@ def test_trainer_options_moved_to_the_pieces():
     # accumulation of a plain optimizer is not loss-scaled: Trainer wraps it
     plain = accumulate_gradients(optax.sgd(1.0), 2)
     assert jas.Trainer(plain).tx is not plain
-    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="pass the scaler once"):
-        loss_scaled(optax.sgd(1.0), jas.no_op_scaler(), scale=jas.no_op_scaler())
 
 
 def _reductions(fn, *args):

@@ -272,7 +272,7 @@ def test_state_has_five_fields_whatever_the_options():
             {},
             {"skip_nonfinite_updates": True},
             {"max_consecutive_overflows": 3},
-            {"host_callbacks": False},
+            {"host_reports": False},
             {"axis_name": "i"},
             {"backend": "reference"},
         )
@@ -287,24 +287,6 @@ def test_state_has_five_fields_whatever_the_options():
     )
 
 
-@pytest.mark.parametrize(
-    "option, fix",
-    [
-        ("accumulate", r"accumulate_gradients\(loss_scaled\(inner, ...\), k\)"),
-        ("clip_grad_norm", r"clip_grad_norm\(max_norm\), inner"),
-        ("grad_norm", r"clip_grad_norm\(None\)"),
-        ("drop_overflow_update", r"dynamic_scaler\(..., drop_overflow_update=False\)"),
-        ("overflow_callbacks", "host_callbacks"),
-    ],
-)
-def test_moved_options_say_where_they_went(option, fix):
-    with pytest.raises(TypeError, match=rf"the option {option}= was removed; .*{fix}"):
-        loss_scaled(optax.sgd(1.0), **{option: 1})
-
-
-def test_scale_keyword_is_a_deprecated_alias():
-    with pytest.warns(DeprecationWarning, match="pass the scaler as scaler="):
-        tx = loss_scaled(optax.sgd(1.0), scale=jas.static_scaler(4.0))
-    assert float(tx.init(jnp.ones(1)).scale) == 4.0
-    with pytest.warns(DeprecationWarning, match=r"use state.scale"):
-        assert float(tx.init(jnp.ones(1)).loss_scale) == 4.0
+def test_an_unknown_option_is_a_type_error():
+    with pytest.raises(TypeError, match="accumulate"):
+        loss_scaled(optax.sgd(1.0), accumulate=2)  # type: ignore[call-arg]

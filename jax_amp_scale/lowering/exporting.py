@@ -63,7 +63,7 @@ def export(
     (added to the library's own) and the other keywords go to
     `jax.export.export`.  `loss_scaled`'s host reports do not serialize (a
     ValueError says so): build the step without them
-    (``host_callbacks=False``; docs/guide/export.md).  In a process with
+    (``host_reports=False``; docs/guide/export.md).  In a process with
     several devices the native calls are exported unpartitioned (one call
     over whole arrays, which XLA gathers around when the artifact runs
     sharded; the same bits), because custom_partitioning does not
@@ -101,12 +101,14 @@ def export(
             # jax >= 0.7 names the report's target; older jax lowers every
             # platform's branch, so there the report's callback branch trips
             # jax's host-callback check first.
+            # JAX raises ValueError or NotImplementedError by version and
+            # by how the report lowers; the library says ValueError always.
             ours = _HOST_REPORT_PREFIX in str(e) or "host_callbacks" in str(e)
             if not ours:
                 raise
-            raise type(e)(
+            raise ValueError(
                 "jax_amp_scale.export: the step holds host reports or callbacks, which do not "
-                "serialize; build loss_scaled with host_callbacks=False "
+                "serialize; build loss_scaled with host_reports=False "
                 f"(docs/guide/export.md).  jax.export said: {e}"
             ) from e
 

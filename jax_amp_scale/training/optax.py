@@ -23,17 +23,16 @@ Also here, for loops ported from torch's ``GradScaler``: `optimizer_step`
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import numbers
-import sys
 import warnings
 from collections.abc import Hashable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from jax_amp_scale.ops import host_report
@@ -41,10 +40,7 @@ from jax_amp_scale.ops.update_scale import or_across
 from jax_amp_scale.reference.gradient_pass import is_float_leaf
 from jax_amp_scale.state.scale_state import ScaleState
 from jax_amp_scale.state.validation import Backend, check_backend, check_bool
-from jax_amp_scale.training import _export, helpers, replicas, scalers
-
-# Skips in a row after which the non-finite-update guard warns (once).
-NONFINITE_RUN_WARNING = 10
+from jax_amp_scale.training import _export, callers, helpers, replicas, reports, scalers
 
 
 class SkipReason(enum.IntEnum):
@@ -195,110 +191,69 @@ def _low_precision(tree: Any) -> bool:
     )
 
 
-# ------------------------------------------------------------ host reports
+def unaliased(tree: Any, *taken: Any) -> Any:
+    """`tree` with every array that is a leaf of `taken`, or that appears in
+    `tree` before, replaced by a copy: a state that can be donated whole."""
+    seen = {id(x) for x in jax.tree_util.tree_leaves(taken)}
+
+    def one(x: Any) -> Any:
+        if not isinstance(x, jax.Array):
+            return x
+        if id(x) in seen:
+            return jnp.copy(x)
+        seen.add(id(x))
+        return x
+
+    return jax.tree_util.tree_map(one, tree)
 
 
-def _overflow_report(
-    found: Any, scale: Any, count: Any, *, limit: int | None, floor: float | None
-) -> None:
-    """Host side of the overflow reports; runs on overflowing steps only."""
-    found = np.asarray(found)
-    if not found.any():  # under vmap the callback may run for every step
-        return
-    scale = np.asarray(scale, np.float64)
-    count = np.asarray(count)
-    if limit is not None and (count >= limit).any():
-        message = (
-            f"loss_scaled: {int(count.max())} overflowing steps in a row reached "
-            f"max_consecutive_overflows={limit} (scale now {float(scale.min()):g}); "
-            "the gradients are non-finite whatever the scale: look for a NaN in the loss, "
-            "the data or the parameters (jas.nonfinite_paths(jas.nonfinite_leaves(grads))), "
-            "or raise max_consecutive_overflows"
-        )
-        # JAX wraps an exception raised in a callback into a long
-        # JaxRuntimeError ending with this message; say it first.
-        sys.stderr.write(f"\nFloatingPointError: {message}\n")
-        sys.stderr.flush()
-        raise FloatingPointError(message)
-    if (scale == 0).any():
-        warnings.warn(
-            "loss_scaled: the scale reached 0 after repeated overflows and cannot "
-            "recover (zero gradients unscale to NaN); set min_scale= in dynamic_scaler() "
-            "or max_consecutive_overflows= in loss_scaled to stop earlier",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-    elif floor is not None and (scale <= floor).any():
-        warnings.warn(
-            f"loss_scaled: the scale reached its floor min_scale={floor:g} and the "
-            "step still overflowed; the gradients may be non-finite whatever the scale",
-            RuntimeWarning,
-            stacklevel=2,
+def fresh_copy(tree: Any) -> Any:
+    """Every array leaf of `tree` copied (what the caller keeps is never handed out)."""
+    return jax.tree_util.tree_map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, tree)
+
+
+def check_same_scaler(expected: Any, got: Any) -> None:
+    """Trace-time check that a state's scaler is configured as the transformation's."""
+    want, have = jax.tree_util.tree_structure(expected), jax.tree_util.tree_structure(got)
+    if want != have:  # type: ignore[operator]
+        raise ValueError(
+            "loss_scaled: the state's scaler is configured differently from the "
+            f"transformation's: state {describe(got)}, transformation {describe(expected)}; "
+            "build the state with this transformation's init (restore a checkpoint into "
+            "tx.init(params)), or build the transformation with the state's scaler"
         )
 
 
-class _NonfiniteUpdateReport:
-    """Host side of the guard's warning: once, after a run of skipped steps.
+def describe(scaler: Any) -> str:
+    """The static configuration of a scaler, as the constructor would take it."""
+    if not dataclasses.is_dataclass(scaler):
+        return type(scaler).__name__
+    fields = [
+        f"{f.name}={getattr(scaler, f.name)!r}"
+        for f in dataclasses.fields(scaler)
+        if f.name not in ("state", "hysteresis_left")
+    ]
+    st = getattr(scaler, "state", None)
+    if isinstance(st, ScaleState):
+        fields += [
+            f"growth_factor={st.growth_factor!r}",
+            f"backoff_factor={st.backoff_factor!r}",
+            f"growth_interval={st.growth_interval!r}",
+            f"rule={st.rule!r}",
+        ]
+    return f"{type(scaler).__name__}({', '.join(fields)})"
 
-    Called on guarded steps whose update was non-finite, with the step
-    number; a run is a sequence of consecutive step numbers."""
 
-    def __init__(self) -> None:
-        self.last: int | None = None
-        self.run = 0
-        self.warned = False
-
-    def __call__(self, bad: Any, step: Any) -> None:
-        bad = np.asarray(bad)
-        if self.warned or not bad.any():
-            return
-        n = int(np.asarray(step).max())
-        if n == self.last:  # the same step reported by another device
-            return
-        self.run = self.run + 1 if self.last is not None and n == self.last + 1 else 1
-        self.last = n
-        if self.run >= NONFINITE_RUN_WARNING:
-            self.warned = True
-            warnings.warn(
-                f"loss_scaled: {self.run} optimizer steps in a row were skipped because the "
-                "update (or the new parameters) held inf/NaN although the gradients were "
-                "finite. The likely cause is 16-bit parameters with an optimizer epsilon "
-                "that is 0 in float16 (optax.adam's eps=1e-8): a moment that underflows "
-                "divides by zero. Keep float32 master weights (get_policy('O2')) or use "
-                "eps >= 1e-4 in float16 (optax.adam(lr, eps=1e-4)).",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+MULTISTEPS_ERROR = (
+    "loss_scaled(...) inside optax.MultiSteps: MultiSteps keeps its accumulator as "
+    "(1 - emit) * acc, so one overflowing micro-batch leaves a NaN in it for good and "
+    "every later step is skipped. Accumulate outside the scaling instead: "
+    "accumulate_gradients(loss_scaled(inner, ...), k) (torch's semantics), or put "
+    "MultiSteps inside: loss_scaled(optax.MultiSteps(inner, k))"
+)
 
 
 # ------------------------------------------------------------ the wrapper
-
-_MOVED = {
-    "drop_overflow_update": "it belongs to the scaler now: "
-    "dynamic_scaler(..., drop_overflow_update=False) (or static_scaler/no_op_scaler)",
-    "accumulate": "wrap instead: accumulate_gradients(loss_scaled(inner, ...), k)",
-    "grad_norm": "put clip_grad_norm(None) inside: loss_scaled(optax.chain("
-    "clip_grad_norm(None), inner)); the norm is in its state",
-    "clip_grad_norm": "put the transformation inside: loss_scaled(optax.chain("
-    "clip_grad_norm(max_norm), inner)); clipping then follows unscaling",
-    "overflow_callbacks": "it is called host_callbacks now",
-}
-
-
-def _check_removed(removed: dict[str, Any], where: str) -> Any:
-    """The deprecated ``scale=`` value; TypeError for options that moved."""
-    scale = removed.pop("scale", None)
-    for name in removed:
-        if name in _MOVED:
-            raise TypeError(f"{where}: the option {name}= was removed; {_MOVED[name]}")
-        raise TypeError(f"{where}() got an unexpected keyword argument {name!r}")
-    if scale is not None:
-        warnings.warn(
-            f"{where}(scale=...) is deprecated; pass the scaler as scaler=",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-    return scale
 
 
 def loss_scaled(
@@ -308,9 +263,8 @@ def loss_scaled(
     axis_name: Hashable | None = None,
     skip_nonfinite_updates: bool | None = None,
     max_consecutive_overflows: int | None = None,
-    host_callbacks: bool = True,
+    host_reports: bool = True,
     backend: Backend = "auto",
-    **removed: Any,
 ) -> LossScaled:
     """Wraps `inner` so that it receives unscaled, checked gradients.
 
@@ -318,12 +272,13 @@ def loss_scaled(
       inner: any optax transformation or chain (extra args are forwarded).
         An ``optax.MultiSteps`` inside is allowed but updates the scale every
         micro-batch; `accumulate_gradients` outside is torch's semantics.
-        Never wrap the result in ``optax.MultiSteps``: it resets its
-        accumulator as ``(1 - emit) * acc``, so one overflow leaves NaN in
-        it for good.
+        Wrapping the result in ``optax.MultiSteps`` raises ``TypeError`` at
+        ``init`` (its accumulator would keep the first overflow's NaN).
       scaler: `dynamic_scaler()` (default, torch ``GradScaler``'s defaults),
         `static_scaler(x)`, `no_op_scaler()` or a `ScaleState`.  Its
         ``drop_overflow_update`` says whether an overflow step is skipped.
+        It decides what every step does: a state whose scaler is configured
+        otherwise raises ``ValueError`` when the step is traced.
       axis_name: data parallelism over a mapped axis, as torch DDP: the
         gradients are averaged over it (`replicas.mean_gradients`) and the
         overflow flag is OR-reduced, so every replica takes the same step.
@@ -335,16 +290,15 @@ def loss_scaled(
         with the likely cause.
       max_consecutive_overflows: None (torch: no limit) or n: the n-th
         overflowing step in a row raises ``FloatingPointError`` on the host
-        (see `host_callbacks`).
-      host_callbacks: the host reports (default True): a ``RuntimeWarning``
-        when a dynamic scale reaches 0 or ``min_scale``, the
-        `max_consecutive_overflows` error, the guard's warning.  They run
-        inside the skip branch (or the guard's), never on a plain step: on
-        CPU as a native custom call that calls Python, elsewhere (and with
-        ``backend="reference"``) as ``jax.debug.callback``.  The error is
-        written to stderr, then raised on the host, so it reaches your code
-        as ``jax.errors.JaxRuntimeError`` whose message holds it, when the
-        step's result is read.  False for ``jax.export`` (which cannot
+        (see `host_reports`).
+      host_reports: the host reports (default True): a ``RuntimeWarning``
+        after 50 overflowing steps in a row naming the likely causes, when a
+        dynamic scale reaches 0 or ``min_scale``, and after a run of
+        non-finite updates; the `max_consecutive_overflows` error.  They run
+        only on the steps they report, never on a plain step.  The error
+        reaches your code, when the step's result is read, as
+        ``jax.errors.JaxRuntimeError`` whose message starts with
+        ``FloatingPointError:``.  False for ``jax.export`` (which cannot
         serialize the reports): the counters stay in the state.
       backend: the `update_scale` backend (``"auto"``, ``"reference"``,
         ``"ffi"``); the gradient pass runs ``"auto"``, or ``"reference"``
@@ -353,13 +307,9 @@ def loss_scaled(
     ``update(grads, state, params=None, **extra_args)`` expects the gradients
     of the *scaled* loss (``scale_loss(loss, state)``) and returns the inner
     updates, or zeros with ``inner_state`` untouched when the step is
-    skipped.  The state is a `LossScaledState`.
+    skipped.  The state is a `LossScaledState`; ``init`` returns fresh arrays
+    (donate the whole state to a jitted step).
     """
-    legacy_scale = _check_removed(removed, "loss_scaled")
-    if legacy_scale is not None:
-        if scaler is not None:
-            raise TypeError("loss_scaled: pass the scaler once (scaler=), not also scale=")
-        scaler = legacy_scale
     if isinstance(inner, optax.MultiSteps):
         inner = inner.gradient_transformation()
     if not isinstance(inner, optax.GradientTransformation):
@@ -372,74 +322,72 @@ def loss_scaled(
     guard = None
     if skip_nonfinite_updates is not None:
         guard = check_bool(skip_nonfinite_updates, "skip_nonfinite_updates")
-    callbacks = check_bool(host_callbacks, "host_callbacks")
-    if limit is not None and not callbacks:
+    host_reports = check_bool(host_reports, "host_reports")
+    if limit is not None and not host_reports:
         raise ValueError(
-            "max_consecutive_overflows needs host_callbacks=True (it raises from a "
-            "host report); without callbacks, read state.consecutive_overflows instead"
+            "max_consecutive_overflows needs host_reports=True (it raises from a "
+            "host report); without reports, read state.consecutive_overflows instead"
         )
     backend = check_backend(backend)  # type: ignore[assignment]
-    # "ffi" asks for the native update-scale operator; the gradient pass stays
-    # "auto" (native where there is one, the reference elsewhere).
-    pass_backend: Backend = "reference" if backend == "reference" else "auto"
-    inner = optax.with_extra_args_support(inner)
-    drop = scaler.drop_overflow_update
     dynamic = isinstance(scaler, scalers.DynamicScaler)
-    floor = scaler.min_scale if isinstance(scaler, scalers.DynamicScaler) else None
-    report_overflows = callbacks and (dynamic or limit is not None)
-    overflow_report = functools.partial(_overflow_report, limit=limit, floor=floor)
-    nonfinite_report = _NonfiniteUpdateReport()
+    step = _Step(
+        inner=optax.with_extra_args_support(inner),
+        scaler=scaler,
+        axis_name=axis_name,
+        guard=guard,
+        backend=backend,
+        on_overflow=reports.OverflowReport(
+            limit=limit, floor=scaler.min_scale if dynamic else None, dynamic=dynamic
+        )
+        if host_reports
+        else None,
+        on_nonfinite=reports.NonfiniteUpdateReport() if host_reports else None,
+    )
 
     def init_fn(params: Any) -> LossScaledState:
-        zero = jnp.zeros((), jnp.int32)
-        return LossScaledState(scaler, inner.init(params), zero, zero, zero)
+        if callers.inside_multisteps():
+            raise TypeError(MULTISTEPS_ERROR)
+        zero = functools.partial(jnp.zeros, (), jnp.int32)
+        inner_state = unaliased(step.inner.init(params), params)
+        return LossScaledState(fresh_copy(scaler), inner_state, zero(), zero(), zero())
 
-    def update_fn(
-        updates: Any, state: LossScaledState, params: Any = None, **extra_args: Any
+    return LossScaled(init_fn, step.update)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """One `loss_scaled` update, configured once (see `loss_scaled`)."""
+
+    inner: optax.GradientTransformationExtraArgs
+    scaler: Any  # decides the configuration; the state's scaler must match it
+    axis_name: Hashable | None
+    guard: bool | None
+    backend: Backend
+    on_overflow: reports.OverflowReport | None  # None: host_reports=False
+    on_nonfinite: reports.NonfiniteUpdateReport | None
+
+    @property
+    def pass_backend(self) -> Backend:
+        # "ffi" asks for the native update-scale operator; the gradient pass
+        # takes the native route wherever there is one unless told "reference".
+        return "reference" if self.backend == "reference" else "auto"
+
+    def update(
+        self, updates: Any, state: LossScaledState, params: Any = None, **extra_args: Any
     ) -> tuple[Any, LossScaledState]:
         if not isinstance(state, LossScaledState):
             raise TypeError(f"state must be a LossScaledState, got {type(state).__name__}")
-        grads = replicas.mean_gradients(updates, axis_name)
-        grads, found = state.scaler.unscale_and_check(grads, backend=pass_backend)
-        found = or_across(found, axis_name)
-        new_scaler = state.scaler.update(found, backend=backend)
+        check_same_scaler(self.scaler, state.scaler)
+        grads = replicas.mean_gradients(updates, self.axis_name)
+        grads, found = state.scaler.unscale_and_check(grads, backend=self.pass_backend)
+        found = or_across(found, self.axis_name)
+        new_scaler = state.scaler.update(found, backend=self.backend)
         overflows = jnp.where(found, state.consecutive_overflows + 1, 0).astype(jnp.int32)
-        guarded = (
-            guard
-            if guard is not None
-            else drop and _low_precision(updates if params is None else params)
-        )
-
         new_updates, new_inner = strongly_typed(
-            inner.update(grads, state.inner_state, params, **extra_args)
+            self.inner.update(grads, state.inner_state, params, **extra_args)
         )
-        bad = jnp.bool_(False)
-        if guarded:
-            new = new_updates if params is None else optax.apply_updates(params, new_updates)
-            bad = jnp.logical_not(helpers.all_finite(new))
-
-        # The skip: one scalar lax.cond decides it, and one select per leaf
-        # applies it.  The cond's overflow branch runs the host reports (never
-        # on a plain step); its result is one flag in memory, which each
-        # leaf's select reads inside that leaf's update kernel (no extra pass).
-        # A report returns the flag it was given: using it keeps the report.
-        def overflow() -> jax.Array:
-            skip = bad | drop
-            if report_overflows:
-                seen = host_report.report(
-                    overflow_report, found, new_scaler.scale, overflows, backend=pass_backend
-                )
-                skip = skip & seen  # seen is found: True in this branch
-            return skip
-
-        def finite() -> jax.Array:
-            if guarded and callbacks:
-                return host_report.report(
-                    nonfinite_report, bad, state.total_steps, backend=pass_backend
-                )
-            return bad
-
-        skipped = jax.lax.cond(found, overflow, finite)
+        bad = self.nonfinite_update(updates, new_updates, params)
+        skipped = self.skip(found, bad, new_scaler.scale, overflows, state.total_steps)
         return zeros_where(skipped, new_updates), LossScaledState(
             scaler=new_scaler,
             inner_state=keep_where(skipped, state.inner_state, new_inner),
@@ -448,7 +396,49 @@ def loss_scaled(
             total_steps=state.total_steps + 1,
         )
 
-    return LossScaled(init_fn, update_fn)
+    def nonfinite_update(self, updates: Any, new_updates: Any, params: Any) -> jax.Array | None:
+        """Whether a finite step's update (or new parameters) is not finite;
+        None where such steps are not skipped (`skip_nonfinite_updates`)."""
+        guard = self.guard
+        if guard is None:
+            low = _low_precision(updates if params is None else params)
+            guard = self.scaler.drop_overflow_update and low
+        if not guard:
+            return None
+        new = new_updates if params is None else optax.apply_updates(params, new_updates)
+        return jnp.logical_not(helpers.all_finite(new))
+
+    def skip(
+        self, found: Any, bad: jax.Array | None, scale: Any, overflows: Any, total: Any
+    ) -> jax.Array:
+        """Whether the step is skipped: one scalar ``lax.cond`` on the overflow
+        flag, whose branches run the host reports (never on a plain step).  Its
+        result is one flag in memory, which each leaf's select reads inside that
+        leaf's update kernel.  A report returns the flag it was given: using it
+        keeps the report in the program."""
+        drop = self.scaler.drop_overflow_update
+
+        def overflow() -> jax.Array:
+            skip = jnp.bool_(drop) if bad is None else bad | drop
+            if self.on_overflow is not None:
+                # The max_consecutive_overflows error takes the callback route
+                # on every platform: JAX raises an error from a native call as
+                # JaxRuntimeError or ValueError by dispatch path, from a
+                # callback as JaxRuntimeError always (at the cost of JAX's
+                # Python dispatch path for this step).
+                route = "reference" if self.on_overflow.limit is not None else self.pass_backend
+                seen = host_report.report(self.on_overflow, found, scale, overflows, backend=route)
+                skip = skip & seen  # seen is found: True in this branch
+            return skip
+
+        def finite() -> jax.Array:
+            if bad is None:
+                return jnp.bool_(False)
+            if self.on_nonfinite is None:
+                return bad
+            return host_report.report(self.on_nonfinite, bad, total, backend=self.pass_backend)
+
+        return jax.lax.cond(found, overflow, finite)
 
 
 def optimizer_step(

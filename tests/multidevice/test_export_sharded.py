@@ -30,7 +30,7 @@ fx.register_optax_states()  # adam's state types, by name
 
 
 def _step_and_args():
-    tx = loss_scaled(optax.adam(1e-2), host_callbacks=False)
+    tx = loss_scaled(optax.adam(1e-2), host_reports=False)
     mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Auto,))
     rng = np.random.default_rng(0)
     params = {
