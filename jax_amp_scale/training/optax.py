@@ -297,8 +297,10 @@ def loss_scaled(
         non-finite updates; the `max_consecutive_overflows` error.  They run
         only on the steps they report, never on a plain step.  The error
         reaches your code, when the step's result is read, as
-        ``jax.errors.JaxRuntimeError`` whose message starts with
-        ``FloatingPointError:``.  False for ``jax.export`` (which cannot
+        ``jax.errors.JaxRuntimeError`` whose message holds
+        ``FloatingPointError: loss_scaled: ...``, on every dispatch path
+        (it takes a host callback: JAX's slower Python dispatch for that
+        step function).  False for ``jax.export`` (which cannot
         serialize the reports): the counters stay in the state.
       backend: the `update_scale` backend (``"auto"``, ``"reference"``,
         ``"ffi"``); the gradient pass runs ``"auto"``, or ``"reference"``
