@@ -300,11 +300,3 @@ def test_state_has_five_fields_whatever_the_options():
 def test_moved_options_say_where_they_went(option, fix):
     with pytest.raises(TypeError, match=rf"the option {option}= was removed; .*{fix}"):
         loss_scaled(optax.sgd(1.0), **{option: 1})
-
-
-def test_scale_keyword_is_a_deprecated_alias():
-    with pytest.warns(DeprecationWarning, match="pass the scaler as scaler="):
-        tx = loss_scaled(optax.sgd(1.0), scale=jas.static_scaler(4.0))
-    assert float(tx.init(jnp.ones(1)).scale) == 4.0
-    with pytest.warns(DeprecationWarning, match=r"use state.scale"):
-        assert float(tx.init(jnp.ones(1)).loss_scale) == 4.0

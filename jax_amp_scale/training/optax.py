@@ -103,16 +103,6 @@ class LossScaledState(NamedTuple):
     def is_identity(self) -> bool:
         return self.scaler.is_identity
 
-    @property
-    def loss_scale(self) -> jax.Array:
-        """Deprecated: use ``state.scale``."""
-        warnings.warn(
-            "LossScaledState.loss_scale is deprecated; use state.scale",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.scaler.scale
-
 
 _export.register_namedtuple(LossScaledState)
 

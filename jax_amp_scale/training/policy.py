@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -295,9 +294,3 @@ def scaler_for(level: str) -> scalers.DynamicScaler | scalers.NoOpScaler:
     if level.strip().upper() in ("O1", "O2"):
         return scalers.dynamic_scaler()
     return scalers.no_op_scaler()
-
-
-def loss_scale_for(level: str) -> scalers.DynamicScaler | scalers.NoOpScaler:
-    """Deprecated: use `scaler_for`."""
-    warnings.warn("loss_scale_for is deprecated; use scaler_for", DeprecationWarning, stacklevel=2)
-    return scaler_for(level)

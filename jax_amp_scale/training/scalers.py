@@ -105,14 +105,6 @@ class _Common:
     def scale_state(self) -> ScaleState:
         return self.state
 
-    @property
-    def loss_scale(self) -> jax.Array:
-        """Deprecated: use ``scaler.scale``."""
-        warnings.warn(
-            "scaler.loss_scale is deprecated; use scaler.scale", DeprecationWarning, stacklevel=2
-        )
-        return self.state.scale
-
     def scale_loss(self, loss: PyTree) -> PyTree:
         """``loss * scale`` (see `jax_amp_scale.scale_loss`)."""
         return helpers.scale_loss(loss, self)

@@ -11,7 +11,6 @@ Usage::
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -23,16 +22,6 @@ from jax_amp_scale.training import helpers, replicas
 from jax_amp_scale.training.policy import Policy
 
 PyTree = Any
-
-_MOVED = (
-    "drop_overflow_update",
-    "backend",
-    "skip_nonfinite_updates",
-    "max_consecutive_overflows",
-    "grad_norm",
-    "clip_grad_norm",
-    "overflow_callbacks",
-)
 
 
 class Trainer:
@@ -84,7 +73,6 @@ class Trainer:
         has_aux: bool = False,
         axis_name: Hashable | None = None,
         accumulate: int = 1,
-        **removed: Any,
     ) -> None:
         try:  # optax is an optional extra
             import optax  # noqa: F401
@@ -95,21 +83,6 @@ class Trainer:
             raise ModuleNotFoundError(
                 f"Trainer needs optax ({e}); install it with pip install optax"
             ) from e
-        if "scale" in removed:
-            warnings.warn(
-                "Trainer(scale=...) is deprecated; pass the scaler as scaler=",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            scaler = removed.pop("scale") if scaler is None else scaler
-        for name in removed:
-            if name in _MOVED:
-                raise TypeError(
-                    f"Trainer: the option {name}= was removed; build the optimizer with "
-                    f"loss_scaled(inner, scaler, {name}=...) (clip_grad_norm and grad_norm: the "
-                    "clip_grad_norm transformation inside it) and pass that as optimizer"
-                )
-            raise TypeError(f"Trainer() got an unexpected keyword argument {name!r}")
         if policy is not None and not isinstance(policy, Policy):
             raise TypeError(f"policy must be a Policy or None, got {type(policy).__name__}")
         k = ls.positive_int(accumulate, "accumulate", allow_none=False)
