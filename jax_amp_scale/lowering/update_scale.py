@@ -11,7 +11,7 @@ import numpy as np
 from jax_amp_scale.lowering.custom_call import per_platform, unavailable, vary_like
 from jax_amp_scale.lowering.partitioning import per_element
 from jax_amp_scale.platforms import registry
-from jax_amp_scale.reference.exact_product import FORMATS
+from jax_amp_scale.reference.floats import FORMATS
 
 Rule = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
