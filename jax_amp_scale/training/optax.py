@@ -38,8 +38,9 @@ import optax
 
 from jax_amp_scale.ops import host_report
 from jax_amp_scale.ops.update_scale import or_across
-from jax_amp_scale.reference.gradient_pass import is_float_leaf
 from jax_amp_scale.state.scale_state import ScaleState
+from jax_amp_scale.state.tree import instances, is_float_leaf
+from jax_amp_scale.state.tree import select as _pick
 from jax_amp_scale.state.validation import Backend, check_backend, check_bool
 from jax_amp_scale.training import _export, helpers, replicas, scalers
 
@@ -115,13 +116,7 @@ class LossScaled(optax.GradientTransformationExtraArgs):
 
 def get_loss_scaled_state(opt_state: Any) -> LossScaledState:
     """The one `LossScaledState` inside `opt_state` (for example a chain's tuple)."""
-    found = [
-        x
-        for x in jax.tree_util.tree_leaves(
-            opt_state, is_leaf=lambda x: isinstance(x, LossScaledState)
-        )
-        if isinstance(x, LossScaledState)
-    ]
+    found = instances(opt_state, LossScaledState)
     if len(found) != 1:
         raise ValueError(f"expected exactly one LossScaledState in opt_state, found {len(found)}")
     return found[0]
@@ -136,18 +131,6 @@ def strongly_typed(tree: Any) -> Any:
         return jax.lax.convert_element_type(x, jnp.result_type(x))
 
     return jax.tree_util.tree_map(one, tree)
-
-
-def _pick(flag: Any, on_true: Any, on_false: Any) -> jax.Array:
-    """``where(flag, on_true, on_false)`` for a scalar bool, typed as `on_false`,
-    as one ``lax.select`` (``jnp.where`` stages a nested jit for every leaf)."""
-    on_false = jnp.asarray(on_false)  # optax allows Python scalars in a state
-    on_true = jnp.asarray(on_true)
-    if on_true.dtype != on_false.dtype:
-        on_true = on_true.astype(on_false.dtype)
-    if on_true.shape != on_false.shape:
-        on_true = jnp.broadcast_to(on_true, on_false.shape)
-    return jax.lax.select(jnp.asarray(flag), on_true, on_false)
 
 
 def keep_where(flag: Any, old: Any, new: Any) -> Any:

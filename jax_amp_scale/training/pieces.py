@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jax_amp_scale.reference.gradient_pass import compute_dtype, is_float_leaf
+from jax_amp_scale.state.tree import compute_dtype, is_float_leaf, typed_as
 from jax_amp_scale.training import _export, helpers
 from jax_amp_scale.training.optax import (
     LossScaled,
@@ -118,7 +118,7 @@ def accumulate_gradients(
             # (its host reports would fire on a half window).
             shapes = jax.eval_shape(step, operands)
             zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[0])
-            return zeros, jax.tree_util.tree_map(_typed_as, operands[1], shapes[1])
+            return zeros, jax.tree_util.tree_map(typed_as, operands[1], shapes[1])
 
         new_updates, new_inner = jax.lax.cond(emit, step, wait, (total, state.inner_state))
         acc = jax.tree_util.tree_map(
@@ -133,16 +133,6 @@ def accumulate_gradients(
     if scaled:
         return LossScaled(init_fn, update_fn)
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
-
-
-def _typed_as(value: Any, struct: Any) -> jax.Array:
-    """`value` (an old state leaf, maybe a Python number) in `struct`'s dtype and shape."""
-    out = jnp.asarray(value)
-    if out.dtype != struct.dtype:
-        out = out.astype(struct.dtype)
-    if out.shape != struct.shape:
-        out = jnp.broadcast_to(out, struct.shape)
-    return out
 
 
 def clip_grad_norm(max_norm: float | None) -> optax.GradientTransformation:

@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_amp_scale.state.tree import is_float_leaf
 from jax_amp_scale.training import scalers
 
 PyTree = Any
@@ -140,15 +141,6 @@ def _check_rules(rules: Any) -> tuple[KeepRule, ...]:
     return rules
 
 
-def _is_float(x: Any) -> bool:
-    dtype = getattr(x, "dtype", None)
-    return (
-        dtype is not None
-        and np.dtype(dtype) != jax.dtypes.float0
-        and jnp.issubdtype(dtype, jnp.floating)
-    )
-
-
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """Dtypes for parameters, computation and outputs.
@@ -190,7 +182,7 @@ class Policy:
 
     def _cast(self, tree: PyTree, dtype: np.dtype, use_rules: bool) -> PyTree:
         def one(path: Any, x: Any) -> Any:
-            if not _is_float(x):
+            if not is_float_leaf(x):
                 return x
             target = dtype
             if use_rules and self.keep_float32 and self._keep(path, x):

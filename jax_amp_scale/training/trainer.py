@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jax_amp_scale.state.tree import instances
 from jax_amp_scale.state.validation import check_bool
 from jax_amp_scale.training import helpers, replicas
 from jax_amp_scale.training.policy import Policy
@@ -170,13 +171,7 @@ class Trainer:
             "skipped_steps": new.skipped_steps,
             "total_steps": new.total_steps,
         }
-        norms = [
-            x
-            for x in jax.tree_util.tree_leaves(
-                new_state, is_leaf=lambda x: isinstance(x, pieces.ClipGradNormState)
-            )
-            if isinstance(x, pieces.ClipGradNormState)
-        ]
+        norms = instances(new_state, pieces.ClipGradNormState)
         if norms:
             metrics["grad_norm"] = norms[0].norm
         if has_aux:
