@@ -147,15 +147,21 @@ def update_scale(
         elif hasattr(state, "scale_state"):
             hint = "; a scaler advances with its own .update(found_inf)"
         raise TypeError(f"state must be a ScaleState, got {type(state).__name__}{hint}")
-    scale, tracker = amp_update_scale(
-        state.scale,
-        state.growth_tracker,
-        found_inf,
-        growth_factor=state.growth_factor,
-        backoff_factor=state.backoff_factor,
-        growth_interval=state.growth_interval,
-        backend=backend,
-        axis_name=axis_name,
-        rule=state.rule,
+    # The static fields were checked when the state was built; its leaves
+    # and the other arguments are checked here.
+    chosen = check_backend(backend)
+    scale = check_scale(state.scale, "state.scale")
+    tracker = check_tracker(state.growth_tracker, tuple(scale.shape), "state.growth_tracker")
+    found = found_to_bool(found_inf, tuple(scale.shape))
+    scale, tracker = update_scale_checked(
+        scale,
+        tracker,
+        found,
+        state.growth_factor,
+        state.backoff_factor,
+        state.growth_interval,
+        chosen,
+        axis_name,
+        state.rule,
     )
     return dataclasses.replace(state, scale=scale, growth_tracker=tracker)

@@ -7,9 +7,11 @@ Python number), so nothing below validates again.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +26,7 @@ RULES: tuple[str, ...] = ("torch", "cann")
 Backend = Literal["auto", "reference", "ffi"]
 BACKENDS: tuple[str, ...] = ("auto", "reference", "ffi")
 SHAPES: tuple[tuple[int, ...], ...] = ((), (1,))
+T = TypeVar("T")
 
 # Bit masks of everything but the sign, per float width: a float is "found"
 # when any of these bits is set (nonzero, subnormal, inf or NaN).  Comparing
@@ -187,3 +190,22 @@ def check_scale_dtype(dtype: Any, name: str = "dtype") -> np.dtype:
     if dt not in SCALE_DTYPES:
         raise TypeError(f"{name} must be float32, float16 or bfloat16, got {dt.name}")
     return dt
+
+
+# Results of `checked_once`, by check and by its arguments' types and values.
+_CHECKED: dict[tuple[Any, ...], Any] = {}
+
+
+def checked_once(check: Callable[..., T], *args: Any) -> T:
+    """``check(*args)``, run once per distinct (hashable) arguments.
+
+    States and scalers are rebuilt on every step and every unflatten with
+    the static fields they were built with; those were checked then.
+    """
+    key = (check, *((type(a), a) for a in args))
+    with contextlib.suppress(KeyError, TypeError):  # TypeError: unhashable
+        return _CHECKED[key]  # type: ignore[no-any-return]
+    out = check(*args)
+    with contextlib.suppress(TypeError):
+        _CHECKED[key] = out
+    return out
