@@ -9,7 +9,7 @@ Workloads (each timed interleaved in one process, medians of --reps runs):
             against a trivial jitted scalar function of the same arguments
 
 Prints per-step costs and ratios; the scan/vmap ratios decide "auto"
-(jax_amp_scale.dispatch.backends.DEFAULT_CONFIG).
+(jax_amp_scale.ops.dispatch.DEFAULT_CONFIG).
 
   python bench/bench_update_scale.py            # full size
   python bench/bench_update_scale.py --tiny     # smoke size

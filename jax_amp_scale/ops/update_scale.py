@@ -9,8 +9,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_amp_scale.dispatch import backends
 from jax_amp_scale.lowering.update_scale import update_scale_native
+from jax_amp_scale.ops import dispatch
 from jax_amp_scale.reference.update_scale import update_scale_reference
 from jax_amp_scale.state.scale_state import DEFAULT_RULE, ScaleState
 from jax_amp_scale.state.validation import (
@@ -102,7 +102,7 @@ def update_scale_checked(
         growth_interval=growth_interval,
         rule=rule,
     )
-    plan = backends.plan(backends.UPDATE_SCALE, backend, [scale, tracker, found], attrs)
+    plan = dispatch.plan(dispatch.UPDATE_SCALE, backend, [scale, tracker, found], attrs)
     if plan.mode == "reference":
         return update_scale_reference(scale, tracker, found, **attrs)
 
