@@ -13,7 +13,8 @@ from jax_amp_scale.lowering.partitioning import per_element
 from jax_amp_scale.platforms import registry
 from jax_amp_scale.reference.floats import FORMATS
 
-Rule = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+# One update of (scale, tracker, found): the reference bound to a state's attributes.
+UpdateFn = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 
 def call_native(
@@ -88,7 +89,7 @@ def update_scale_native(
     *,
     target: str,
     native_on: Iterable[str],
-    fallback: Rule | None,
+    fallback: UpdateFn | None,
     guarded: Iterable[str] = (),
     **attrs: float | str,
 ) -> tuple[jax.Array, jax.Array]:

@@ -195,9 +195,10 @@ def unscale_and_check(
         ``"ffi"``: the native pass over all floating leaves (CPU, and
         ``aclnnForeachNonFiniteCheckAndUnscale`` on Ascend; an error at
         lowering time elsewhere).  ``"auto"`` (default): the native call
-        on CPU when this process has one device and no leaf is sharded
-        explicitly, the reference otherwise (a custom call cannot be
-        partitioned over devices).  Both give the same bits.
+        on CPU and Ascend, with any number of devices (it partitions like
+        the elementwise pass it is; explicitly sharded leaves on jax < 0.7
+        take the reference), the reference elsewhere.  Both give the same
+        bits.
 
     Returns:
       ``(unscaled, found_inf)``: ``unscaled`` as from `unscale`; ``found_inf`` a

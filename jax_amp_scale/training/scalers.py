@@ -279,6 +279,26 @@ def _check_bounds(
     return lo, hi, int(hysteresis)
 
 
+def _warn_direction(state: ScaleState, growth_factor: Any, backoff_factor: Any) -> None:
+    # Legal for the operator, but a training scale that grows on overflow or
+    # shrinks on success is a typo.
+    if state.backoff_factor >= 1.0:
+        warnings.warn(
+            f"dynamic_scaler: backoff_factor={backoff_factor} >= 1 does not reduce the scale "
+            "on an overflow; use a value in (0, 1), such as torch's 0.5",
+            UserWarning,
+            stacklevel=3,
+        )
+    if state.growth_factor <= 1.0:
+        warnings.warn(
+            f"dynamic_scaler: growth_factor={growth_factor} <= 1 does not grow the scale "
+            "after growth_interval finite steps; use a value > 1, such as torch's 2.0 "
+            "(or static_scaler(x) for a fixed scale)",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def dynamic_scaler(
     init_scale: float = DEFAULT_INIT_SCALE,
     growth_factor: float = DEFAULT_GROWTH_FACTOR,
@@ -306,31 +326,9 @@ def dynamic_scaler(
         whose gradients overflowed (True, torch's behaviour) or apply it.
     """
     state = init_scale_state(
-        init_scale,
-        growth_factor,
-        backoff_factor,
-        growth_interval,
-        dtype=dtype,
-        shape=shape,
-        rule=rule,
+        init_scale, growth_factor, backoff_factor, growth_interval, dtype, shape, rule
     )
-    # Legal for the operator, but a training scale that grows on overflow or
-    # shrinks on success is a typo.
-    if state.backoff_factor >= 1.0:
-        warnings.warn(
-            f"dynamic_scaler: backoff_factor={backoff_factor} >= 1 does not reduce the scale "
-            "on an overflow; use a value in (0, 1), such as torch's 0.5",
-            UserWarning,
-            stacklevel=2,
-        )
-    if state.growth_factor <= 1.0:
-        warnings.warn(
-            f"dynamic_scaler: growth_factor={growth_factor} <= 1 does not grow the scale "
-            "after growth_interval finite steps; use a value > 1, such as torch's 2.0 "
-            "(or static_scaler(x) for a fixed scale)",
-            UserWarning,
-            stacklevel=2,
-        )
+    _warn_direction(state, growth_factor, backoff_factor)
     lo, hi, _ = _check_bounds(min_scale, max_scale, hysteresis, state.scale.dtype)
     init = float(init_scale)
     if (lo is not None and init < lo) or (hi is not None and init > hi):
