@@ -1,8 +1,8 @@
 """The power-of-two fast path of scale * factor equals the exact integer product.
 
-`product.mul_by_factor` takes `mul_by_power_of_two` (a few integer ops,
-fast to compile) when the static factor is a power of two, and the exact
-77-bit integer product (`mul_by_factor_exact`) otherwise.  Compared bit for
+`product.mul_by_factor` takes exponent arithmetic (a few integer ops, fast
+to compile) when the static factor is a power of two, and the exact 77-bit
+integer product otherwise (``fast=False``: always).  Compared bit for
 bit with the exact path over every float16 and bfloat16 bit pattern and a
 large float32 sample (random bits plus every exponent with edge
 significands: zeros, subnormals, the normal/subnormal boundary, max, inf,
@@ -32,8 +32,7 @@ NP_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes
 @functools.cache
 def kernel(dtype_name, factor, path):
     dtype = DTYPES[dtype_name]
-    fn = {"dispatch": product.mul_by_factor, "exact": product.mul_by_factor_exact}[path]
-    return jax.jit(lambda b: fn(b, dtype, factor))
+    return jax.jit(lambda b: product.mul_by_factor(b, dtype, factor, fast=path == "dispatch"))
 
 
 def all_bits_16():

@@ -7,11 +7,11 @@ mirroring ``MulByFactor`` in ``ffi/update_scale.h``, by the fastest exact
 path (tests/test_fast_product.py compares them over every float16/bfloat16
 pattern and 1M+ float32 patterns):
 
-* a power-of-two factor (the defaults 2.0 and 0.5): `mul_by_power_of_two`,
-  a handful of integer ops.  ``x * 2**k`` is exact in float64 unless it
+* a power-of-two factor (the defaults 2.0 and 0.5): a handful of integer
+  ops on the exponent.  ``x * 2**k`` is exact in float64 unless it
   leaves float64's normal range, and there the float32/16 result is 0 or
   inf either way, so torch's two roundings collapse into one;
-* any other factor: `mul_by_factor_exact`, the 77-bit product of a 24-bit
+* any other factor: the 77-bit product of a 24-bit
   scale significand and the factor's static 53-bit significand in seven
   12-bit limbs (uint32 arrays, so every partial product fits in 32 bits
   without x64 mode), rounded to 53 bits, then to the scale's dtype.
@@ -27,6 +27,7 @@ import numpy as np
 
 from jax_amp_scale.reference.floats import (
     FORMATS,
+    Format,
     bit_length,
     decode,
     encode,
@@ -108,50 +109,40 @@ def _round_to_53_bits(limbs: list[jax.Array], top: jax.Array) -> list[jax.Array]
     return _carry(out)
 
 
-def mul_by_power_of_two(bits: jax.Array, dtype: np.dtype, k: int) -> jax.Array:
-    """Bits of ``value(bits) * 2**k``, rounded as torch rounds it (see module doc)."""
-    fm = FORMATS[jnp.dtype(dtype)]
-    b = bits.astype(jnp.uint32)
-    sign, _, sig, exp = decode(b, fm)
-    # Clamp k so int32 cannot overflow; any |k| past 300 is as good as infinite.
-    out = encode(jnp.maximum(sig, u32(1)), exp + max(min(k, 300), -300), fm)
-    return keep_specials(b, fm, sign | out).astype(fm.bits_dtype)
-
-
-def mul_by_factor_exact(bits: jax.Array, dtype: np.dtype, factor: float) -> jax.Array:
-    """Bits of ``value(bits) * factor`` rounded as torch does, for any factor.
-
-    Args:
-      bits: uint32 (float32) or uint16 (float16/bfloat16) array of scale bits.
-      dtype: the scale dtype the bits encode.
-      factor: a static, finite Python float > 0.
-    """
-    fm = FORMATS[jnp.dtype(dtype)]
-    b = bits.astype(jnp.uint32)
-    sign, _, sig, exp = decode(b, fm)
-    sig = jnp.maximum(sig, u32(1))
+def _times_factor_rounded(sig: jax.Array, exp: jax.Array, factor: float, fm: Format) -> jax.Array:
+    """Magnitude bits of ``sig * 2**exp * factor`` rounded as torch does (sig > 0)."""
     shift = 24 - bit_length(sig)  # a 24-bit significand: the product's top is bit 75 or 76
     prod, fexp = _times_factor(sig << shift.astype(jnp.uint32), factor)
     exp = exp - shift + fexp
-    top = jnp.where(_bit_at(prod, jnp.full(b.shape, 76)) != 0, 76, 75).astype(jnp.int32)
+    top = jnp.where(_bit_at(prod, jnp.full(sig.shape, 76)) != 0, 76, 75).astype(jnp.int32)
     prod = _round_to_53_bits(prod, top)  # torch's first rounding, to float64
     top = top + _bit_at(prod, top + 1).astype(jnp.int32)
     # The second rounding: the top 30 bits and a sticky bit for the rest.
     kept = _shift_right(prod, top - 29)
     kept = kept | _low_bits_nonzero(prod, top - 29).astype(jnp.uint32)
-    out = encode(kept, exp + top - 29, fm)
-    return keep_specials(b, fm, sign | out).astype(fm.bits_dtype)
+    return encode(kept, exp + top - 29, fm)
 
 
-def mul_by_factor(bits: jax.Array, dtype: np.dtype, factor: float) -> jax.Array:
-    """Bits of ``value(bits) * factor`` rounded as torch does, by the fastest path.
+def mul_by_factor(
+    bits: jax.Array, dtype: np.dtype, factor: float, *, fast: bool = True
+) -> jax.Array:
+    """Bits of ``value(bits) * factor`` rounded as torch does.
 
     Args:
       bits: uint32 (float32) or uint16 (float16/bfloat16) array of scale bits.
       dtype: the scale dtype the bits encode.
       factor: a static, finite Python float > 0.
+      fast: take exponent arithmetic when `factor` is a power of two (the
+        same bits; False: the limb product for every factor, for tests).
     """
-    k = power_of_two_exponent(factor)
+    fm = FORMATS[jnp.dtype(dtype)]
+    b = bits.astype(jnp.uint32)
+    sign, _, sig, exp = decode(b, fm)
+    sig = jnp.maximum(sig, u32(1))  # zeros are kept as they are below
+    k = power_of_two_exponent(factor) if fast else None
     if k is not None:
-        return mul_by_power_of_two(bits, dtype, k)
-    return mul_by_factor_exact(bits, dtype, factor)
+        # Clamp k so int32 cannot overflow; past 300 it is as good as infinite.
+        out = encode(sig, exp + max(min(k, 300), -300), fm)
+    else:
+        out = _times_factor_rounded(sig, exp, factor, fm)
+    return keep_specials(b, fm, sign | out).astype(fm.bits_dtype)

@@ -13,11 +13,11 @@ from jax import export  # jax 0.6: not an attribute of jax until imported
 
 from jax_amp_scale.state.validation import (
     SHAPES,
+    check_dtype,
     check_factor,
     check_growth_interval,
     check_rule,
     check_rule_factor,
-    check_scale_dtype,
     checked_once,
 )
 
@@ -152,7 +152,7 @@ def init_scale_state(
 
     Defaults equal torch's ``GradScaler`` (2**16, 2.0, 0.5, 2000).
     """
-    dt = check_scale_dtype(dtype)
+    dt = check_dtype(dtype)
     check_rule(rule)
     init = check_factor(init_scale, "init_scale")
     shape = tuple(shape)

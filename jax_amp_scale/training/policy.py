@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_amp_scale.state.tree import is_float_leaf
+from jax_amp_scale.state.validation import check_dtype
 from jax_amp_scale.training import scalers
 
 PyTree = Any
@@ -112,13 +113,7 @@ def _check_dtype(dtype: Any, name: str) -> np.dtype:
                 f"{name}: unknown dtype name {dtype!r}; use one of {sorted(_DTYPE_NAMES)}"
             )
         return jnp.dtype(_DTYPE_NAMES[key])
-    try:
-        dt = jnp.dtype(dtype)
-    except TypeError as e:
-        raise TypeError(f"{name} must be a floating dtype, got {dtype!r}") from e
-    if dt not in _FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {dt.name}")
-    return dt
+    return check_dtype(dtype, name, _FLOAT_DTYPES, "float16, bfloat16, float32 or float64")
 
 
 def _check_rules(rules: Any) -> tuple[KeepRule, ...]:

@@ -43,8 +43,8 @@ from jax_amp_scale.state.validation import (
     INT32_MAX,
     Backend,
     check_bool,
+    check_dtype,
     check_factor,
-    check_scale_dtype,
     checked_once,
     found_to_bool,
 )
@@ -354,7 +354,7 @@ def static_scaler(
 ) -> StaticScaler:
     """A `StaticScaler` of `scale` (finite, > 0, finite in `dtype`)."""
     value = check_factor(scale, "scale")
-    dt = check_scale_dtype(dtype)
+    dt = check_dtype(dtype)
     with np.errstate(over="ignore"):
         stored = float(np.float32(np.asarray(value, dt)))
     if not math.isfinite(stored):
