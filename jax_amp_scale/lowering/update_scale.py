@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -17,26 +18,23 @@ from jax_amp_scale.reference.floats import FORMATS
 UpdateFn = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 
+# The operator's attributes and the types its handlers decode them as.
+ATTRIBUTES = {
+    "growth_factor": np.float64,
+    "backoff_factor": np.float64,
+    "growth_interval": np.int64,
+    "rule": str,
+}
+
+
 def call_native(
-    target: str,
-    scale: jax.Array,
-    tracker: jax.Array,
-    found: jax.Array,
-    *,
-    growth_factor: float,
-    backoff_factor: float,
-    growth_interval: int,
-    rule: str = "torch",
+    target: str, scale: jax.Array, tracker: jax.Array, found: jax.Array, **attrs: Any
 ) -> tuple[jax.Array, jax.Array]:
-    """One ``ffi_call`` of `target` with the operator's arguments; `found` is bool."""
+    """One ``ffi_call`` of `target` with the operator's `ATTRIBUTES` (all of
+    them); `found` is bool."""
     # The operator's dtype rule: found_inf has the scale's dtype (1 or 0).
     found_inf = found.astype(scale.dtype)
-    attrs = {
-        "growth_factor": np.float64(growth_factor),
-        "backoff_factor": np.float64(backoff_factor),
-        "growth_interval": np.int64(growth_interval),
-        "rule": str(rule),
-    }
+    attrs = {name: kind(attrs[name]) for name, kind in ATTRIBUTES.items()}
 
     def call(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, ...]:
         ffi = jax.ffi.ffi_call(

@@ -84,11 +84,11 @@ class ScaleState:
 
     def __post_init__(self) -> None:
         static = (self.growth_factor, self.backoff_factor, self.growth_interval, self.rule)
-        for name, value in zip(_STATIC, checked_once(_check_static, *static), strict=True):
+        for name, value in zip(STATIC_FIELDS, checked_once(_check_static, *static), strict=True):
             object.__setattr__(self, name, value)
 
 
-_STATIC = ("growth_factor", "backoff_factor", "growth_interval", "rule")
+STATIC_FIELDS = ("growth_factor", "backoff_factor", "growth_interval", "rule")
 
 
 def _check_static(gf: Any, bf: Any, gi: Any, rule: Any) -> tuple[float, float, int, str]:
@@ -106,7 +106,7 @@ def _check_static(gf: Any, bf: Any, gi: Any, rule: Any) -> tuple[float, float, i
 jax.tree_util.register_dataclass(
     ScaleState,
     data_fields=["scale", "growth_tracker"],
-    meta_fields=["growth_factor", "backoff_factor", "growth_interval", "rule"],
+    meta_fields=list(STATIC_FIELDS),
 )
 
 
