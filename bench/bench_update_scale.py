@@ -9,7 +9,7 @@ Workloads (each timed interleaved in one process, medians of --reps runs):
             against a trivial jitted scalar function of the same arguments
 
 Prints per-step costs and ratios; the scan/vmap ratios decide "auto"
-(jax_amp_scale.dispatch.backends.AUTO_NATIVE).
+(jax_amp_scale.ops.dispatch.DEFAULT_CONFIG).
 
   python bench/bench_update_scale.py            # full size
   python bench/bench_update_scale.py --tiny     # smoke size
@@ -200,9 +200,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
             warmup=args.warmup,
             notes=[
                 "Power-of-two factors (the defaults) take exponent arithmetic; "
-                "others, with a float32 scale on CPU/GPU, one float64 multiply "
-                "(jax_amp_scale/reference/float64_product.py), elsewhere the exact "
-                "integer product (exact_product.py)."
+                "others the exact integer product (jax_amp_scale/reference/product.py)."
             ],
         )
     )

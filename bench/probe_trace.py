@@ -11,6 +11,7 @@ its StableHLO lines.  Issue 31's table reads these numbers.
 
 from __future__ import annotations
 
+import itertools
 import re
 import sys
 from pathlib import Path
@@ -51,7 +52,7 @@ def main() -> None:
     jax.jit(tx.update).lower(*args)  # warm: imports and caches out of the count
     calls = traced_calls(tx.update, *args)
     files = [f for f, _ in calls]
-    switches = sum(1 for a, b in zip(files, files[1:]) if a != b)
+    switches = sum(1 for a, b in itertools.pairwise(files) if a != b)
     text = jax.jit(tx.update).lower(*args).as_text()
     rows = {
         "library calls": len(calls),

@@ -7,9 +7,10 @@ checkpoint interop in `jax_amp_scale.interop`; plugin registration in
 `jax_amp_scale.plugin`.
 """
 
-from jax_amp_scale._deprecated import getattr_with_aliases as _getattr_with_aliases
+import importlib as _importlib
+
 from jax_amp_scale._version import __version__ as __version__
-from jax_amp_scale.dispatch.backends import auto_backend, available_backends
+from jax_amp_scale.ops.dispatch import auto_backend, available_backends
 from jax_amp_scale.ops.update_scale import amp_update_scale, update_scale
 from jax_amp_scale.state.scale_state import ScaleState, init_scale_state
 from jax_amp_scale.training.helpers import (
@@ -64,9 +65,15 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    # Trainer needs optax (an optional extra), the public submodules load on
-    # first use, and the old names warn (jax_amp_scale._deprecated).
-    return _getattr_with_aliases(name)
+    # Trainer needs optax (an optional extra); the public submodules load on
+    # first use.
+    if name == "Trainer":
+        from jax_amp_scale.training.trainer import Trainer
+
+        return Trainer
+    if name in ("optax", "plugin", "interop", "policy"):
+        return _importlib.import_module(f"jax_amp_scale.{name}")
+    raise AttributeError(f"module 'jax_amp_scale' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

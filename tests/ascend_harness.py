@@ -123,7 +123,7 @@ def ascend_on_cpu() -> Iterator[None]:
 
     ``update_scale(..., backend="auto")``, ``unscale_and_check`` and
     ``loss_scaled`` then take exactly the path they take on an Ascend
-    platform: the dispatch configuration (`jax_amp_scale.dispatch.configured`,
+    platform: the dispatch configuration (`jax_amp_scale.ops.dispatch.configured`,
     the one seam) names "cpu" a CANN platform (the rule choice: a torch state
     with factors that are not powers of two plans the reference; the guard
     after aclnnAmpUpdateScale; the fused pass's CANN calling convention),
@@ -133,7 +133,7 @@ def ascend_on_cpu() -> Iterator[None]:
     fused pass runs per local shard, as on a mesh of NPUs.  Functions traced
     inside keep that path; trace afresh after leaving.
     """
-    from jax_amp_scale import dispatch
+    from jax_amp_scale.ops import dispatch
     from jax_amp_scale.platforms import registry
 
     register_test_binding()

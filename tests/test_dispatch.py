@@ -77,7 +77,7 @@ def test_explicitly_sharded_state_runs_natively_and_keeps_its_type():
 def test_dispatch_configuration_is_an_immutable_value_changed_only_in_a_block():
     import dataclasses
 
-    from jax_amp_scale import dispatch
+    from jax_amp_scale.ops import dispatch
 
     cfg = dispatch.config()
     assert cfg is dispatch.DEFAULT_CONFIG

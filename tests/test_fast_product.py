@@ -1,10 +1,8 @@
 """The power-of-two fast path of scale * factor equals the exact integer product.
 
-`product.mul_by_factor` takes `mul_by_power_of_two` (a few integer ops,
-fast to compile) when the static factor is a power of two, the float64
-multiply (`float64_product`) for other factors and float32 scales on
-CPU/GPU, and the exact 77-bit integer product (`mul_by_factor_exact`)
-otherwise.  Compared bit for
+`product.mul_by_factor` takes exponent arithmetic (a few integer ops, fast
+to compile) when the static factor is a power of two, and the exact 77-bit
+integer product otherwise (``fast=False``: always).  Compared bit for
 bit with the exact path over every float16 and bfloat16 bit pattern and a
 large float32 sample (random bits plus every exponent with edge
 significands: zeros, subnormals, the normal/subnormal boundary, max, inf,
@@ -21,8 +19,7 @@ import numpy as np
 import pytest
 from jax import export
 
-from jax_amp_scale.reference import exact_product as ep
-from jax_amp_scale.reference import float64_product, product
+from jax_amp_scale.reference import floats, product
 
 POW2 = [2.0, 0.5, 4.0, 0.25, 2.0**-10, 2.0**24, 2.0**-149, 2.0**200, 2.0**-1074, 2.0**1023]
 # Beyond the usual: products under float32's normal range, past its max, and
@@ -35,8 +32,7 @@ NP_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes
 @functools.cache
 def kernel(dtype_name, factor, path):
     dtype = DTYPES[dtype_name]
-    fn = {"dispatch": product.mul_by_factor, "exact": ep.mul_by_factor_exact}[path]
-    return jax.jit(lambda b: fn(b, dtype, factor))
+    return jax.jit(lambda b: product.mul_by_factor(b, dtype, factor, fast=path == "dispatch"))
 
 
 def all_bits_16():
@@ -58,11 +54,11 @@ def sample(dtype_name):
 
 
 def test_power_of_two_exponent():
-    assert ep.power_of_two_exponent(2.0) == 1
-    assert ep.power_of_two_exponent(0.5) == -1
-    assert ep.power_of_two_exponent(2.0**-1074) == -1074
-    assert ep.power_of_two_exponent(3 * 2.0**-1074) is None
-    assert ep.power_of_two_exponent(1.1) is None
+    assert floats.power_of_two_exponent(2.0) == 1
+    assert floats.power_of_two_exponent(0.5) == -1
+    assert floats.power_of_two_exponent(2.0**-1074) == -1074
+    assert floats.power_of_two_exponent(3 * 2.0**-1074) is None
+    assert floats.power_of_two_exponent(1.1) is None
 
 
 # Other factors with a float16/bfloat16 scale take the exact path itself:
@@ -110,30 +106,9 @@ def test_bfloat16_power_of_two_matches_numpy(factor):
     np.testing.assert_array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
 
 
-def lowered_text(factor, platforms):
-    fn = jax.jit(lambda b: product.mul_by_factor(b, jnp.float32, factor))
-    exported = export.export(fn, platforms=platforms)(jax.ShapeDtypeStruct((), jnp.uint32))
-    return exported.mlir_module()
-
-
-def test_float32_scale_multiplies_in_float64_on_cpu_and_gpu():
-    """What makes the reference compile fast: one float64 multiply, not the
-    multi-limb integer product, on the platforms listed as having float64."""
-    assert float64_product.FLOAT64_PLATFORMS == ("cpu", "cuda", "rocm")
-    for platform in ("cpu", "cuda"):
-        text = lowered_text(1.1, (platform,))
-        # m * 2**-149 (subnormal scale), x * factor, p * 2**149
-        assert text.count("stablehlo.multiply") == 3, text
-        assert "f64" in text
-    tpu = lowered_text(1.1, ("tpu",))
-    assert "f64" not in tpu
-    # The exact product: 2 scale limbs times 5 limbs of 1.1's significand.
-    assert tpu.count("stablehlo.multiply") == 10
-
-
-def test_float64_product_eager_vmapped_and_exported_for_several_platforms():
-    """The primitive outside jit, under vmap, and in a program exported for
-    CPU and TPU at once (one lowering rule each), against NumPy."""
+def test_product_eager_vmapped_and_exported_for_several_platforms():
+    """The product outside jit, under vmap, and in a program exported for
+    CPU and TPU at once, against NumPy."""
     bits = np.array([0x3F800000, 1, 0x007FFFFF, 0x7F7FFFFF, 0x80000003, 0x00800000], np.uint32)
     with np.errstate(over="ignore"):
         want = (bits.view(np.float32).astype(np.float64) * 1.1).astype(np.float32).view(np.uint32)

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import jax_amp_scale as jas
-from jax_amp_scale.dispatch import backends
+from jax_amp_scale.ops import dispatch as backends
 from tests._cann_rule import cann_guarded
 
 HALF = (jnp.float16, jnp.bfloat16)

@@ -255,37 +255,6 @@ def test_update_has_torch_polarity():
     assert float(s.update(~grads_finite).scale) == 4.0
 
 
-@pytest.mark.parametrize(
-    "old, new",
-    [
-        ("DynamicScale", "DynamicScaler"),
-        ("StaticScale", "StaticScaler"),
-        ("NoOpScale", "NoOpScaler"),
-        ("LossScale", "Scaler"),
-        ("dynamic_scale", "dynamic_scaler"),
-        ("static_scale", "static_scaler"),
-        ("no_op_scale", "no_op_scaler"),
-    ],
-)
-def test_old_names_are_deprecated_aliases(old, new):
-    with pytest.warns(DeprecationWarning, match=rf"jax_amp_scale.{old} is deprecated; use .*{new}"):
-        alias = getattr(jas, old)
-    assert alias is getattr(jas, new)
-    assert old not in dir(jas) and old not in jas.__all__
-
-
-def test_old_attributes_warn():
-    s = jas.dynamic_scaler(8.0)
-    with pytest.warns(DeprecationWarning, match=r"use scaler.scale"):
-        assert float(s.loss_scale) == 8.0
-    with pytest.warns(DeprecationWarning, match="scaler_for"):
-        from jax_amp_scale.policy import loss_scale_for
-
-        assert isinstance(loss_scale_for("O2"), jas.DynamicScaler)
-    with pytest.warns(DeprecationWarning):
-        jas.as_loss_scale(None)
-
-
 def test_public_surface():
     """About 25 names, and dir() shows nothing else (no importlib, Any, subpackages)."""
     import jax_amp_scale.optax  # noqa: F401  (a loaded subpackage must not show either)

@@ -17,27 +17,17 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
+from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jax_amp_scale.platforms import registry
-
-try:  # jax >= 0.4.36 exposes Primitive through jax.extend
-    from jax.extend.core import Primitive
-except ImportError:  # pragma: no cover
-    from jax.core import Primitive  # type: ignore[attr-defined,no-redef]
+from jax_amp_scale.state.tree import varying_axes
 
 _HINTS = {
     registry.UPDATE_SCALE: "register one with jax_amp_scale.plugin.register(platform=...)",
     registry.UNSCALE_AND_CHECK: "the fused pass has native handlers on CPU and Ascend",
 }
 _WHAT = {registry.UPDATE_SCALE: "", registry.UNSCALE_AND_CHECK: "fused unscale-and-check "}
-
-
-def varying_axes(x: jax.Array) -> frozenset[Any]:
-    """Manual mesh axes `x` varies over inside `shard_map` (empty elsewhere)."""
-    aval = jax.typeof(x)
-    mat = getattr(aval, "mat", None)  # jax >= 0.10
-    return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())
 
 
 def _vary(x: jax.Array, axes: frozenset[Any]) -> jax.Array:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -11,31 +12,29 @@ import numpy as np
 from jax_amp_scale.lowering.custom_call import per_platform, unavailable, vary_like
 from jax_amp_scale.lowering.partitioning import per_element
 from jax_amp_scale.platforms import registry
-from jax_amp_scale.reference.exact_product import FORMATS
+from jax_amp_scale.reference.floats import FORMATS
 
-Rule = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+# One update of (scale, tracker, found): the reference bound to a state's attributes.
+UpdateFn = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+
+
+# The operator's attributes and the types its handlers decode them as.
+ATTRIBUTES = {
+    "growth_factor": np.float64,
+    "backoff_factor": np.float64,
+    "growth_interval": np.int64,
+    "rule": str,
+}
 
 
 def call_native(
-    target: str,
-    scale: jax.Array,
-    tracker: jax.Array,
-    found: jax.Array,
-    *,
-    growth_factor: float,
-    backoff_factor: float,
-    growth_interval: int,
-    rule: str = "torch",
+    target: str, scale: jax.Array, tracker: jax.Array, found: jax.Array, **attrs: Any
 ) -> tuple[jax.Array, jax.Array]:
-    """One ``ffi_call`` of `target` with the operator's arguments; `found` is bool."""
+    """One ``ffi_call`` of `target` with the operator's `ATTRIBUTES` (all of
+    them); `found` is bool."""
     # The operator's dtype rule: found_inf has the scale's dtype (1 or 0).
     found_inf = found.astype(scale.dtype)
-    attrs = {
-        "growth_factor": np.float64(growth_factor),
-        "backoff_factor": np.float64(backoff_factor),
-        "growth_interval": np.int64(growth_interval),
-        "rule": str(rule),
-    }
+    attrs = {name: kind(attrs[name]) for name, kind in ATTRIBUTES.items()}
 
     def call(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, ...]:
         ffi = jax.ffi.ffi_call(
@@ -88,7 +87,7 @@ def update_scale_native(
     *,
     target: str,
     native_on: Iterable[str],
-    fallback: Rule | None,
+    fallback: UpdateFn | None,
     guarded: Iterable[str] = (),
     **attrs: float | str,
 ) -> tuple[jax.Array, jax.Array]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import jax
 
-from jax_amp_scale.dispatch import backends
 from jax_amp_scale.lowering.gradient_pass import unscale_and_check_native
+from jax_amp_scale.ops import dispatch
 from jax_amp_scale.reference.gradient_pass import reference_pass
 
 
@@ -18,7 +18,7 @@ def unscale_and_check_leaves(
     inv: jax.Array, leaves: list[jax.Array], backend: str
 ) -> tuple[jax.Array, list[jax.Array]]:
     """``(found_inf, unscaled)`` for nonempty floating `leaves`; `backend` checked."""
-    plan = backends.plan(backends.UNSCALE_AND_CHECK, backend, leaves)
+    plan = dispatch.plan(dispatch.UNSCALE_AND_CHECK, backend, leaves)
     if plan.mode == "reference":
         return reference_pass(inv, leaves)
     return unscale_and_check_native(

@@ -12,8 +12,8 @@ from typing import Any
 
 import jax
 
-from jax_amp_scale.dispatch import backends
 from jax_amp_scale.lowering import host_report
+from jax_amp_scale.ops import dispatch
 
 
 def report(fn: Callable[..., None], flag: Any, *values: Any, backend: str = "auto") -> jax.Array:
@@ -21,5 +21,5 @@ def report(fn: Callable[..., None], flag: Any, *values: Any, backend: str = "aut
     NumPy arrays, wherever some element of `flag` is true.  Use the result
     (it keeps the report in the program).  `backend` ``"reference"`` takes
     ``jax.debug.callback`` on every platform."""
-    native_on, target = backends.host_report_plan(backend)
+    native_on, target = dispatch.host_report_plan(backend)
     return host_report.report(fn, flag, *values, native_on=native_on, target=target)

@@ -9,10 +9,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_amp_scale.dispatch import backends
 from jax_amp_scale.lowering.update_scale import update_scale_native
+from jax_amp_scale.ops import dispatch
 from jax_amp_scale.reference.update_scale import update_scale_reference
-from jax_amp_scale.state.scale_state import DEFAULT_RULE, ScaleState
+from jax_amp_scale.state.scale_state import DEFAULT_RULE, STATIC_FIELDS, ScaleState
 from jax_amp_scale.state.validation import (
     Backend,
     check_backend,
@@ -77,32 +77,25 @@ def amp_update_scale(
     scale = check_scale(current_scale, "current_scale")
     tracker = check_tracker(growth_tracker, tuple(scale.shape), "growth_tracker")
     found = found_to_bool(found_inf, tuple(scale.shape))
-    return update_scale_checked(scale, tracker, found, gf, bf, gi, chosen, axis_name, rule)
+    attrs = dict(growth_factor=gf, backoff_factor=bf, growth_interval=gi, rule=rule)
+    return update_scale_checked(scale, tracker, found, attrs, chosen, axis_name)
 
 
 def update_scale_checked(
     scale: jax.Array,
     tracker: jax.Array,
     found: jax.Array,
-    growth_factor: float,
-    backoff_factor: float,
-    growth_interval: int,
+    attrs: dict[str, Any],
     backend: str,
     axis_name: Hashable | None = None,
-    rule: str = DEFAULT_RULE,
 ) -> tuple[jax.Array, jax.Array]:
-    """`amp_update_scale` on inputs already checked (`found` a bool array)."""
+    """`amp_update_scale` on inputs already checked (`found` a bool array;
+    `attrs` the state's growth_factor, backoff_factor, growth_interval, rule)."""
     # The state carries no gradient; stopping it here also means the custom
     # call never needs a JVP rule under jax.grad.
     scale, tracker, found = (jax.lax.stop_gradient(x) for x in (scale, tracker, found))
     found = or_across(found, axis_name)
-    attrs: dict[str, Any] = dict(
-        growth_factor=growth_factor,
-        backoff_factor=backoff_factor,
-        growth_interval=growth_interval,
-        rule=rule,
-    )
-    plan = backends.plan(backends.UPDATE_SCALE, backend, [scale, tracker, found], attrs)
+    plan = dispatch.plan(dispatch.UPDATE_SCALE, backend, [scale, tracker, found], attrs)
     if plan.mode == "reference":
         return update_scale_reference(scale, tracker, found, **attrs)
 
@@ -147,15 +140,12 @@ def update_scale(
         elif hasattr(state, "scale_state"):
             hint = "; a scaler advances with its own .update(found_inf)"
         raise TypeError(f"state must be a ScaleState, got {type(state).__name__}{hint}")
-    scale, tracker = amp_update_scale(
-        state.scale,
-        state.growth_tracker,
-        found_inf,
-        growth_factor=state.growth_factor,
-        backoff_factor=state.backoff_factor,
-        growth_interval=state.growth_interval,
-        backend=backend,
-        axis_name=axis_name,
-        rule=state.rule,
-    )
+    # The static fields were checked when the state was built; its leaves
+    # and the other arguments are checked here.
+    chosen = check_backend(backend)
+    scale = check_scale(state.scale, "state.scale")
+    tracker = check_tracker(state.growth_tracker, tuple(scale.shape), "state.growth_tracker")
+    found = found_to_bool(found_inf, tuple(scale.shape))
+    attrs = {name: getattr(state, name) for name in STATIC_FIELDS}
+    scale, tracker = update_scale_checked(scale, tracker, found, attrs, chosen, axis_name)
     return dataclasses.replace(state, scale=scale, growth_tracker=tracker)

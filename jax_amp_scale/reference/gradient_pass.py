@@ -6,24 +6,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jax_amp_scale.reference.inverse import multiply_by_inverse
-
-
-def is_float_leaf(x: Any) -> bool:
-    """Whether `x` is an array with a floating dtype (float0 excluded)."""
-    dtype = getattr(x, "dtype", None)
-    if dtype is None:
-        return False
-    dtype = np.dtype(dtype)
-    return dtype != jax.dtypes.float0 and jnp.issubdtype(dtype, jnp.floating)
-
-
-def compute_dtype(dtype: Any) -> Any:
-    """float16/bfloat16 leaves are multiplied in float32 (one rounding back to
-    the leaf dtype), float64 leaves in float64."""
-    return jnp.promote_types(dtype, jnp.float32)
+from jax_amp_scale.state.tree import compute_dtype, is_float_leaf
 
 
 def unscale_leaf(x: Any, inv: jax.Array | None) -> Any:

@@ -1,14 +1,10 @@
 """The update rule in plain jax.numpy/lax: runs on every JAX platform.
 
-The products ``scale * factor`` are computed by `product.mul_by_factor`,
-which rounds as torch does (exact product, to float64, to the scale dtype):
-exponent arithmetic when the factor is a power of two (the defaults 2.0 and
-0.5), one float64 multiply for other factors and float32 scales on CPU/GPU,
-the exact multi-limb integer product otherwise; the first two compile in
-under 2x a trivial scalar function's time, the last in about 6x.  So this
-lowering, the native handlers and ``torch._amp_update_scale_`` agree bit for
-bit for float32 scales and any factor, and XLA:CPU's flush-to-zero cannot
-touch subnormal scales.
+The products ``scale * factor`` follow the state's rule: torch's
+(`product.mul_by_factor`: exact product, to float64, to the scale dtype) or
+CANN's (`cann_rule.cann_product`), both in integer arithmetic (`floats`), so
+this lowering, the native handlers and ``torch._amp_update_scale_`` agree bit
+for bit, and XLA:CPU's flush-to-zero cannot touch subnormal scales.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_amp_scale.reference.cann_rule import cann_product
-from jax_amp_scale.reference.exact_product import FORMATS
+from jax_amp_scale.reference.floats import FORMATS
 from jax_amp_scale.reference.product import mul_by_factor
 
 

@@ -13,11 +13,12 @@ from jax import export  # jax 0.6: not an attribute of jax until imported
 
 from jax_amp_scale.state.validation import (
     SHAPES,
+    check_dtype,
     check_factor,
     check_growth_interval,
     check_rule,
     check_rule_factor,
-    check_scale_dtype,
+    checked_once,
 )
 
 # Torch GradScaler's defaults, which are also jmp's and MindSpore's choices
@@ -68,7 +69,10 @@ class ScaleState:
       else:
           tracker = tracker + 1
 
-    Build one with `init_scale_state`.
+    Build one with `init_scale_state`.  The static fields are checked when
+    a state is built, so a `ScaleState` that exists has valid ones; the
+    leaves are checked where they are used (transformations rebuild a state
+    with batched or tangent leaves).
     """
 
     scale: jax.Array
@@ -78,13 +82,31 @@ class ScaleState:
     growth_interval: int = DEFAULT_GROWTH_INTERVAL
     rule: str = DEFAULT_RULE
 
+    def __post_init__(self) -> None:
+        static = (self.growth_factor, self.backoff_factor, self.growth_interval, self.rule)
+        for name, value in zip(STATIC_FIELDS, checked_once(_check_static, *static), strict=True):
+            object.__setattr__(self, name, value)
+
+
+STATIC_FIELDS = ("growth_factor", "backoff_factor", "growth_interval", "rule")
+
+
+def _check_static(gf: Any, bf: Any, gi: Any, rule: Any) -> tuple[float, float, int, str]:
+    rule = check_rule(rule)
+    return (
+        check_rule_factor(check_factor(gf, "growth_factor"), rule, "growth_factor"),
+        check_rule_factor(check_factor(bf, "backoff_factor"), rule, "backoff_factor"),
+        check_growth_interval(gi),
+        rule,
+    )
+
 
 # Leaves and static fields are declared once, here; jmp's hand-written
 # flatten once dropped a field this way, so every field is tested under jit.
 jax.tree_util.register_dataclass(
     ScaleState,
     data_fields=["scale", "growth_tracker"],
-    meta_fields=["growth_factor", "backoff_factor", "growth_interval", "rule"],
+    meta_fields=list(STATIC_FIELDS),
 )
 
 
@@ -130,8 +152,8 @@ def init_scale_state(
 
     Defaults equal torch's ``GradScaler`` (2**16, 2.0, 0.5, 2000).
     """
-    dt = check_scale_dtype(dtype)
-    rule = check_rule(rule)
+    dt = check_dtype(dtype)
+    check_rule(rule)
     init = check_factor(init_scale, "init_scale")
     shape = tuple(shape)
     if shape not in SHAPES:
@@ -145,12 +167,8 @@ def init_scale_state(
     return ScaleState(
         scale=jnp.full(shape, init, dtype=dt),
         growth_tracker=jnp.zeros(shape, dtype=jnp.int32),
-        growth_factor=check_rule_factor(
-            check_factor(growth_factor, "growth_factor"), rule, "growth_factor"
-        ),
-        backoff_factor=check_rule_factor(
-            check_factor(backoff_factor, "backoff_factor"), rule, "backoff_factor"
-        ),
-        growth_interval=check_growth_interval(growth_interval),
+        growth_factor=growth_factor,
+        backoff_factor=backoff_factor,
+        growth_interval=growth_interval,
         rule=rule,
     )

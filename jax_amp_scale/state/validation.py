@@ -7,9 +7,11 @@ Python number), so nothing below validates again.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
-from typing import Any, Literal
+from collections.abc import Callable, Collection
+from typing import Any, Literal, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +26,7 @@ RULES: tuple[str, ...] = ("torch", "cann")
 Backend = Literal["auto", "reference", "ffi"]
 BACKENDS: tuple[str, ...] = ("auto", "reference", "ffi")
 SHAPES: tuple[tuple[int, ...], ...] = ((), (1,))
+T = TypeVar("T")
 
 # Bit masks of everything but the sign, per float width: a float is "found"
 # when any of these bits is set (nonzero, subnormal, inf or NaN).  Comparing
@@ -117,42 +120,32 @@ def found_to_bool(found_inf: Any, shape: tuple[int, ...]) -> jax.Array:
     return nonzero_bits(jnp.asarray(found_inf)).reshape(shape)
 
 
-def _is_traced_or_array(value: Any) -> bool:
-    return isinstance(value, jax.Array)  # tracers are jax.Arrays too
-
-
-def check_factor(value: Any, name: str) -> float:
-    """Returns `value` as a Python float, or raises naming `name`.
-
-    Factors are static attributes: Python or NumPy real numbers, finite, > 0.
-    """
-    if _is_traced_or_array(value):
+def _static(value: Any, name: str, kind: type, what: str, allowed: str) -> Any:
+    """`value` (Python or NumPy) if it is a `kind` number, or a TypeError."""
+    if isinstance(value, jax.Array):  # tracers are jax.Arrays too
         raise TypeError(
-            f"{name} must be a Python number (it is a static attribute of the "
+            f"{name} must be a Python {what} (it is a static attribute of the "
             f"operator), not a JAX array or traced value; got {type(value).__name__}"
         )
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
-    out = float(value)
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"{name} must be {allowed}, got {value!r}")
+    return value
+
+
+def check_factor(value: Any, name: str) -> float:
+    """`value` as a Python float: a static real number, finite, > 0."""
+    out = float(_static(value, name, numbers.Real, "number", "a real number"))
     if not (math.isfinite(out) and out > 0.0):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     return out
 
 
 def check_growth_interval(value: Any, name: str = "growth_interval") -> int:
-    """Returns `value` as a Python int in [1, 2**31 - 1], or raises."""
-    if _is_traced_or_array(value):
-        raise TypeError(
-            f"{name} must be a Python int (a static attribute), not a JAX "
-            f"array or traced value; got {type(value).__name__}"
-        )
-    if isinstance(value, np.ndarray) and value.ndim == 0:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer in [1, {INT32_MAX}], got {value!r}")
-    out = int(value)
+    """`value` as a Python int in [1, 2**31 - 1]."""
+    allowed = f"an integer in [1, {INT32_MAX}]"
+    out = int(_static(value, name, numbers.Integral, "int", allowed))
     if not 1 <= out <= INT32_MAX:
         raise ValueError(f"{name} must lie in [1, {INT32_MAX}], got {out}")
     return out
@@ -179,11 +172,36 @@ def check_rule_factor(value: float, rule: str, name: str) -> float:
     return value
 
 
-def check_scale_dtype(dtype: Any, name: str = "dtype") -> np.dtype:
+def check_dtype(
+    dtype: Any,
+    name: str = "dtype",
+    allowed: Collection[Any] = SCALE_DTYPES,
+    words: str = "float32, float16 or bfloat16",
+) -> np.dtype:
+    """`dtype` as a NumPy dtype if it is one of `allowed` (named by `words`)."""
     try:
         dt = jnp.dtype(dtype)
     except TypeError as e:
-        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {dtype!r}") from e
-    if dt not in SCALE_DTYPES:
-        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {dt.name}")
+        raise TypeError(f"{name} must be {words}, got {dtype!r}") from e
+    if dt not in allowed:
+        raise TypeError(f"{name} must be {words}, got {dt.name}")
     return dt
+
+
+# Results of `checked_once`, by check and by its arguments' types and values.
+_CHECKED: dict[tuple[Any, ...], Any] = {}
+
+
+def checked_once(check: Callable[..., T], *args: Any) -> T:
+    """``check(*args)``, run once per distinct (hashable) arguments.
+
+    States and scalers are rebuilt on every step and every unflatten with
+    the static fields they were built with; those were checked then.
+    """
+    key = (check, *((type(a), a) for a in args))
+    with contextlib.suppress(KeyError, TypeError):  # TypeError: unhashable
+        return _CHECKED[key]  # type: ignore[no-any-return]
+    out = check(*args)
+    with contextlib.suppress(TypeError):
+        _CHECKED[key] = out
+    return out

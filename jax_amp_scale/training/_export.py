@@ -1,10 +1,7 @@
 """Registration of the training layer's pytrees for ``jax.export`` serialization.
 
 ``jax.export`` serializes the input and output tree structures of an exported
-function, and a custom pytree node needs a stable name there.  JAX added
-`jax.export.register_pytree_node_serialization` and
-`register_namedtuple_serialization` in 0.4.31; older versions cannot
-serialize custom nodes at all, and registration is skipped there.
+function, and a custom pytree node needs a stable name there.
 """
 
 from __future__ import annotations
@@ -13,25 +10,20 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from jax import export as _jax_export
+from jax import export
 
 _PREFIX = "jax_amp_scale."
 
 
 def register_namedtuple(cls: type) -> type:
     """Registers the NamedTuple `cls` under ``jax_amp_scale.<name>``."""
-    register = getattr(_jax_export, "register_namedtuple_serialization", None)
-    if register is not None:
-        register(cls, serialized_name=_PREFIX + cls.__name__)
+    export.register_namedtuple_serialization(cls, serialized_name=_PREFIX + cls.__name__)
     return cls
 
 
 def register_dataclass(cls: type, meta_fields: Sequence[str]) -> type:
     """Registers `cls` (a ``jax.tree_util.register_dataclass`` node whose static
     fields `meta_fields` are JSON values) under ``jax_amp_scale.<name>``."""
-    register = getattr(_jax_export, "register_pytree_node_serialization", None)
-    if register is None:
-        return cls
     n = len(meta_fields)
 
     def serialize(aux: Any) -> bytes:
@@ -43,7 +35,7 @@ def register_dataclass(cls: type, meta_fields: Sequence[str]) -> type:
             raise ValueError(f"{cls.__name__}: expected {n} static fields, got {len(values)}")
         return values
 
-    register(
+    export.register_pytree_node_serialization(
         cls,
         serialized_name=_PREFIX + cls.__name__,
         serialize_auxdata=serialize,

@@ -19,18 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_amp_scale.ops.gradient_pass import (
-    unscale_and_check_leaves,
-)
+from jax_amp_scale.ops.gradient_pass import unscale_and_check_leaves
 from jax_amp_scale.ops.update_scale import or_across
-from jax_amp_scale.reference.gradient_pass import (
-    compute_dtype,
-    is_float_leaf,
-    leaf_finite,
-    unscale_leaf,
-)
+from jax_amp_scale.reference.gradient_pass import leaf_finite, unscale_leaf
 from jax_amp_scale.reference.inverse import inverse_scale
 from jax_amp_scale.state.scale_state import ScaleState
+from jax_amp_scale.state.tree import compute_dtype, instances, is_float_leaf
 from jax_amp_scale.state.validation import Backend, check_backend
 
 PyTree = Any
@@ -42,11 +36,7 @@ def find_scale_state(tree: PyTree) -> ScaleState:
     Raises ``ValueError`` when `tree` holds none or more than one (for
     example an optax state with two `loss_scaled` wrappers).
     """
-    found = [
-        x
-        for x in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, ScaleState))
-        if isinstance(x, ScaleState)
-    ]
+    found = instances(tree, ScaleState)
     if len(found) != 1:
         raise ValueError(
             f"expected exactly one ScaleState in the pytree, found {len(found)}; "
@@ -205,9 +195,10 @@ def unscale_and_check(
         ``"ffi"``: the native pass over all floating leaves (CPU, and
         ``aclnnForeachNonFiniteCheckAndUnscale`` on Ascend; an error at
         lowering time elsewhere).  ``"auto"`` (default): the native call
-        on CPU when this process has one device and no leaf is sharded
-        explicitly, the reference otherwise (a custom call cannot be
-        partitioned over devices).  Both give the same bits.
+        on CPU and Ascend, with any number of devices (it partitions like
+        the elementwise pass it is; explicitly sharded leaves on jax < 0.7
+        take the reference), the reference elsewhere.  Both give the same
+        bits.
 
     Returns:
       ``(unscaled, found_inf)``: ``unscaled`` as from `unscale`; ``found_inf`` a

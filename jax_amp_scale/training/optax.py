@@ -27,7 +27,6 @@ import dataclasses
 import enum
 import functools
 import numbers
-import warnings
 from collections.abc import Hashable
 from typing import Any, NamedTuple
 
@@ -37,8 +36,8 @@ import optax
 
 from jax_amp_scale.ops import host_report
 from jax_amp_scale.ops.update_scale import or_across
-from jax_amp_scale.reference.gradient_pass import is_float_leaf
 from jax_amp_scale.state.scale_state import ScaleState
+from jax_amp_scale.state.tree import instances, is_float_leaf, select
 from jax_amp_scale.state.validation import Backend, check_backend, check_bool
 from jax_amp_scale.training import _export, callers, helpers, replicas, reports, scalers
 
@@ -99,16 +98,6 @@ class LossScaledState(NamedTuple):
     def is_identity(self) -> bool:
         return self.scaler.is_identity
 
-    @property
-    def loss_scale(self) -> jax.Array:
-        """Deprecated: use ``state.scale``."""
-        warnings.warn(
-            "LossScaledState.loss_scale is deprecated; use state.scale",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.scaler.scale
-
 
 _export.register_namedtuple(LossScaledState)
 
@@ -121,13 +110,7 @@ class LossScaled(optax.GradientTransformationExtraArgs):
 
 def get_loss_scaled_state(opt_state: Any) -> LossScaledState:
     """The one `LossScaledState` inside `opt_state` (for example a chain's tuple)."""
-    found = [
-        x
-        for x in jax.tree_util.tree_leaves(
-            opt_state, is_leaf=lambda x: isinstance(x, LossScaledState)
-        )
-        if isinstance(x, LossScaledState)
-    ]
+    found = instances(opt_state, LossScaledState)
     if len(found) != 1:
         raise ValueError(f"expected exactly one LossScaledState in opt_state, found {len(found)}")
     return found[0]
@@ -144,21 +127,9 @@ def strongly_typed(tree: Any) -> Any:
     return jax.tree_util.tree_map(one, tree)
 
 
-def _pick(flag: Any, on_true: Any, on_false: Any) -> jax.Array:
-    """``where(flag, on_true, on_false)`` for a scalar bool, typed as `on_false`,
-    as one ``lax.select`` (``jnp.where`` stages a nested jit for every leaf)."""
-    on_false = jnp.asarray(on_false)  # optax allows Python scalars in a state
-    on_true = jnp.asarray(on_true)
-    if on_true.dtype != on_false.dtype:
-        on_true = on_true.astype(on_false.dtype)
-    if on_true.shape != on_false.shape:
-        on_true = jnp.broadcast_to(on_true, on_false.shape)
-    return jax.lax.select(jnp.asarray(flag), on_true, on_false)
-
-
 def keep_where(flag: Any, old: Any, new: Any) -> Any:
     """`old` where the scalar bool `flag` holds, else `new`, leaf by leaf (typed as `new`)."""
-    return jax.tree_util.tree_map(lambda o, n: _pick(flag, o, n), old, new)
+    return jax.tree_util.tree_map(lambda o, n: select(flag, o, n), old, new)
 
 
 def zeros_where(flag: Any, tree: Any) -> Any:
@@ -169,7 +140,7 @@ def zeros_where(flag: Any, tree: Any) -> Any:
         key = jax.typeof(u)
         if key not in zeros:
             zeros[key] = jnp.zeros_like(u)
-        return _pick(flag, zeros[key], u)
+        return select(flag, zeros[key], u)
 
     return jax.tree_util.tree_map(one, tree)
 

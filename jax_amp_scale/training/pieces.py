@@ -9,13 +9,14 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from jax_amp_scale.reference.gradient_pass import compute_dtype, is_float_leaf
+from jax_amp_scale.state.tree import compute_dtype, is_float_leaf, typed_as
 from jax_amp_scale.training import _export, helpers
 from jax_amp_scale.training.optax import (
     LossScaled,
@@ -54,6 +55,36 @@ _export.register_namedtuple(ClipGradNormState)
 def _accumulator(params: Any) -> Any:
     return jax.tree_util.tree_map(
         lambda p: jnp.zeros_like(p) if is_float_leaf(p) else jnp.zeros((), jnp.int32), params
+    )
+
+
+def _mean(tree: Any, k: int) -> Any:
+    """Floating leaves divided by `k` in `compute_dtype`, rounded once back."""
+
+    def one(x: Any) -> Any:
+        if not is_float_leaf(x) or k == 1:
+            return x
+        return (x.astype(compute_dtype(x.dtype)) / k).astype(x.dtype)
+
+    return jax.tree_util.tree_map(one, tree)
+
+
+def _wait(step: Any, operands: tuple[Any, Any]) -> tuple[Any, Any]:
+    """Zero updates and the inner state as it is, typed as `step`'s results."""
+    # Types from an abstract trace: the inner step must not run here (its
+    # host reports would fire on a half window).
+    shapes = jax.eval_shape(step, operands)
+    zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[0])
+    return zeros, jax.tree_util.tree_map(typed_as, operands[1], shapes[1])
+
+
+def _restart(emit: jax.Array, acc: Any, total: Any) -> Any:
+    """The next window's sums: zeros after the k-th call (a select, not a
+    product, so no NaN survives), else `total`."""
+    return jax.tree_util.tree_map(
+        lambda a, t: jax.lax.select(emit, jnp.zeros_like(a), t) if is_float_leaf(a) else a,
+        acc,
+        total,
     )
 
 
@@ -101,31 +132,13 @@ def accumulate_gradients(
         )
         emit = state.mini_step == k_ - 1
 
-        def mean(tree: Any) -> Any:
-            def one(x: Any) -> Any:
-                if not is_float_leaf(x) or k_ == 1:
-                    return x
-                return (x.astype(compute_dtype(x.dtype)) / k_).astype(x.dtype)
-
-            return jax.tree_util.tree_map(one, tree)
-
         def step(operands: tuple[Any, Any]) -> tuple[Any, Any]:
             g, st = operands
-            return strongly_typed(inner.update(mean(g), st, params, **extra_args))
+            return strongly_typed(inner.update(_mean(g, k_), st, params, **extra_args))
 
-        def wait(operands: tuple[Any, Any]) -> tuple[Any, Any]:
-            # Types from an abstract trace: the inner step must not run here
-            # (its host reports would fire on a half window).
-            shapes = jax.eval_shape(step, operands)
-            zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[0])
-            return zeros, jax.tree_util.tree_map(_typed_as, operands[1], shapes[1])
-
+        wait = functools.partial(_wait, step)
         new_updates, new_inner = jax.lax.cond(emit, step, wait, (total, state.inner_state))
-        acc = jax.tree_util.tree_map(
-            lambda a, t: jax.lax.select(emit, jnp.zeros_like(a), t) if is_float_leaf(a) else a,
-            state.acc_grads,
-            total,
-        )
+        acc = _restart(emit, state.acc_grads, total)
         mini = jnp.where(emit, 0, state.mini_step + 1).astype(jnp.int32)
         return new_updates, AccumulationState(new_inner, mini, acc)
 
@@ -133,16 +146,6 @@ def accumulate_gradients(
     if scaled:
         return LossScaled(init_fn, update_fn)
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
-
-
-def _typed_as(value: Any, struct: Any) -> jax.Array:
-    """`value` (an old state leaf, maybe a Python number) in `struct`'s dtype and shape."""
-    out = jnp.asarray(value)
-    if out.dtype != struct.dtype:
-        out = out.astype(struct.dtype)
-    if out.shape != struct.shape:
-        out = jnp.broadcast_to(out, struct.shape)
-    return out
 
 
 def clip_grad_norm(max_norm: float | None) -> optax.GradientTransformation:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +50,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_amp_scale.state.tree import is_float_leaf
+from jax_amp_scale.state.validation import check_dtype
 from jax_amp_scale.training import scalers
 
 PyTree = Any
@@ -112,13 +113,7 @@ def _check_dtype(dtype: Any, name: str) -> np.dtype:
                 f"{name}: unknown dtype name {dtype!r}; use one of {sorted(_DTYPE_NAMES)}"
             )
         return jnp.dtype(_DTYPE_NAMES[key])
-    try:
-        dt = jnp.dtype(dtype)
-    except TypeError as e:
-        raise TypeError(f"{name} must be a floating dtype, got {dtype!r}") from e
-    if dt not in _FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {dt.name}")
-    return dt
+    return check_dtype(dtype, name, _FLOAT_DTYPES, "float16, bfloat16, float32 or float64")
 
 
 def _check_rules(rules: Any) -> tuple[KeepRule, ...]:
@@ -139,15 +134,6 @@ def _check_rules(rules: Any) -> tuple[KeepRule, ...]:
         elif not callable(r):
             raise TypeError(f"keep_float32 entries must be regex strings or callables, got {r!r}")
     return rules
-
-
-def _is_float(x: Any) -> bool:
-    dtype = getattr(x, "dtype", None)
-    return (
-        dtype is not None
-        and np.dtype(dtype) != jax.dtypes.float0
-        and jnp.issubdtype(dtype, jnp.floating)
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +177,7 @@ class Policy:
 
     def _cast(self, tree: PyTree, dtype: np.dtype, use_rules: bool) -> PyTree:
         def one(path: Any, x: Any) -> Any:
-            if not _is_float(x):
+            if not is_float_leaf(x):
                 return x
             target = dtype
             if use_rules and self.keep_float32 and self._keep(path, x):
@@ -295,9 +281,3 @@ def scaler_for(level: str) -> scalers.DynamicScaler | scalers.NoOpScaler:
     if level.strip().upper() in ("O1", "O2"):
         return scalers.dynamic_scaler()
     return scalers.no_op_scaler()
-
-
-def loss_scale_for(level: str) -> scalers.DynamicScaler | scalers.NoOpScaler:
-    """Deprecated: use `scaler_for`."""
-    warnings.warn("loss_scale_for is deprecated; use scaler_for", DeprecationWarning, stacklevel=2)
-    return scaler_for(level)

@@ -34,6 +34,7 @@ from typing import Any
 import jax
 
 from jax_amp_scale.ops.update_scale import or_across
+from jax_amp_scale.state.tree import varying_axes
 
 PyTree = Any
 
@@ -44,18 +45,10 @@ def _names(axis_name: Hashable) -> tuple[Hashable, ...]:
     return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
 
 
-def _vma(x: Any) -> frozenset[Hashable]:
-    """The manual axes `x` varies over (empty where JAX does not track them:
-    jax < 0.7, check_vma=False, pmap, vmap)."""
-    aval = jax.typeof(x)
-    mat = getattr(aval, "mat", None)
-    return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())
-
-
 def _checked(name: Hashable) -> bool:
     """Whether `name` is a shard_map axis with varying-axes checking on: only
     there does the index along it vary in its type."""
-    return name in _vma(jax.lax.axis_index(name))
+    return name in varying_axes(jax.lax.axis_index(name))
 
 
 def _size(name: Hashable) -> Any:
@@ -84,7 +77,7 @@ def mean_gradients(grads: PyTree, axis_name: Hashable | None, *, loss: Any = Non
     names = _names(axis_name)
     checked = tuple(n for n in names if _checked(n))
     if loss is not None:
-        reduced = [n for n in checked if n not in _vma(loss)]
+        reduced = [n for n in checked if n not in varying_axes(loss)]
         if reduced:
             raise ValueError(
                 f"mean_gradients: the loss is already reduced over axis {reduced[0]!r} "
@@ -95,7 +88,7 @@ def mean_gradients(grads: PyTree, axis_name: Hashable | None, *, loss: Any = Non
             )
 
     def mean(g: Any) -> Any:
-        varying = _vma(g)
+        varying = varying_axes(g)
         # Per-replica over these axes: average them.
         per_replica = tuple(n for n in names if n not in checked or n in varying)
         # Invariant over a checked axis: JAX already summed it there.

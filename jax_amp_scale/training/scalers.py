@@ -43,8 +43,9 @@ from jax_amp_scale.state.validation import (
     INT32_MAX,
     Backend,
     check_bool,
+    check_dtype,
     check_factor,
-    check_scale_dtype,
+    checked_once,
     found_to_bool,
 )
 from jax_amp_scale.training import _export, helpers
@@ -91,6 +92,11 @@ class _Common:
     """What every scaler shares; subclasses define ``state`` and ``update``."""
 
     state: ScaleState
+    drop_overflow_update: bool
+
+    def __post_init__(self) -> None:
+        flag = checked_once(check_bool, self.drop_overflow_update, "drop_overflow_update")
+        object.__setattr__(self, "drop_overflow_update", flag)
 
     @property
     def is_identity(self) -> bool:
@@ -104,14 +110,6 @@ class _Common:
     @property
     def scale_state(self) -> ScaleState:
         return self.state
-
-    @property
-    def loss_scale(self) -> jax.Array:
-        """Deprecated: use ``scaler.scale``."""
-        warnings.warn(
-            "scaler.loss_scale is deprecated; use scaler.scale", DeprecationWarning, stacklevel=2
-        )
-        return self.state.scale
 
     def scale_loss(self, loss: PyTree) -> PyTree:
         """``loss * scale`` (see `jax_amp_scale.scale_loss`)."""
@@ -162,7 +160,16 @@ class DynamicScaler(_Common):
     min_scale: float | None = None
     max_scale: float | None = None
     hysteresis: int = 1
-    drop_overflow_update: bool = True  # type: ignore[misc]
+    drop_overflow_update: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        dtype = getattr(self.state.scale, "dtype", None)
+        bounds = (self.min_scale, self.max_scale, self.hysteresis, dtype)
+        lo, hi, hysteresis = checked_once(_check_bounds, *bounds)
+        object.__setattr__(self, "min_scale", lo)
+        object.__setattr__(self, "max_scale", hi)
+        object.__setattr__(self, "hysteresis", hysteresis)
 
     def update(
         self, found_inf: Any, *, axis_name: Hashable | None = None, backend: Backend = "auto"
@@ -198,7 +205,7 @@ class StaticScaler(_Common):
     """
 
     state: ScaleState
-    drop_overflow_update: bool = True  # type: ignore[misc]
+    drop_overflow_update: bool = True
 
     def update(
         self, found_inf: Any, *, axis_name: Hashable | None = None, backend: Backend = "auto"
@@ -218,7 +225,7 @@ class NoOpScaler(_Common):
     """
 
     state: ScaleState
-    drop_overflow_update: bool = True  # type: ignore[misc]
+    drop_overflow_update: bool = True
 
     @property
     def is_identity(self) -> bool:
@@ -255,6 +262,43 @@ def _optional_bound(value: Any, name: str) -> float | None:
     return None if value is None else check_factor(value, name)
 
 
+def _check_bounds(
+    min_scale: Any, max_scale: Any, hysteresis: Any, dtype: Any
+) -> tuple[float | None, float | None, int]:
+    """`DynamicScaler`'s static fields, checked (`dtype`: the scale's, or None)."""
+    lo = _optional_bound(min_scale, "min_scale")
+    hi = _optional_bound(max_scale, "max_scale")
+    if lo is not None and hi is not None and lo > hi:
+        raise ValueError(f"min_scale ({lo}) must be <= max_scale ({hi})")
+    if hi is not None and dtype is not None and hi > float(jnp.finfo(dtype).max):
+        raise ValueError(f"max_scale={hi} is not finite in {jnp.dtype(dtype)}")
+    if isinstance(hysteresis, bool) or not isinstance(hysteresis, numbers.Integral):
+        raise TypeError(f"hysteresis must be an int >= 1, got {hysteresis!r}")
+    if not 1 <= int(hysteresis) <= INT32_MAX:
+        raise ValueError(f"hysteresis must be an int in [1, {INT32_MAX}], got {hysteresis}")
+    return lo, hi, int(hysteresis)
+
+
+def _warn_direction(state: ScaleState, growth_factor: Any, backoff_factor: Any) -> None:
+    # Legal for the operator, but a training scale that grows on overflow or
+    # shrinks on success is a typo.
+    if state.backoff_factor >= 1.0:
+        warnings.warn(
+            f"dynamic_scaler: backoff_factor={backoff_factor} >= 1 does not reduce the scale "
+            "on an overflow; use a value in (0, 1), such as torch's 0.5",
+            UserWarning,
+            stacklevel=3,
+        )
+    if state.growth_factor <= 1.0:
+        warnings.warn(
+            f"dynamic_scaler: growth_factor={growth_factor} <= 1 does not grow the scale "
+            "after growth_interval finite steps; use a value > 1, such as torch's 2.0 "
+            "(or static_scaler(x) for a fixed scale)",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def dynamic_scaler(
     init_scale: float = DEFAULT_INIT_SCALE,
     growth_factor: float = DEFAULT_GROWTH_FACTOR,
@@ -282,53 +326,22 @@ def dynamic_scaler(
         whose gradients overflowed (True, torch's behaviour) or apply it.
     """
     state = init_scale_state(
-        init_scale,
-        growth_factor,
-        backoff_factor,
-        growth_interval,
-        dtype=dtype,
-        shape=shape,
-        rule=rule,
+        init_scale, growth_factor, backoff_factor, growth_interval, dtype, shape, rule
     )
-    # Legal for the operator, but a training scale that grows on overflow or
-    # shrinks on success is a typo.
-    if state.backoff_factor >= 1.0:
-        warnings.warn(
-            f"dynamic_scaler: backoff_factor={backoff_factor} >= 1 does not reduce the scale "
-            "on an overflow; use a value in (0, 1), such as torch's 0.5",
-            UserWarning,
-            stacklevel=2,
-        )
-    if state.growth_factor <= 1.0:
-        warnings.warn(
-            f"dynamic_scaler: growth_factor={growth_factor} <= 1 does not grow the scale "
-            "after growth_interval finite steps; use a value > 1, such as torch's 2.0 "
-            "(or static_scaler(x) for a fixed scale)",
-            UserWarning,
-            stacklevel=2,
-        )
-    lo = _optional_bound(min_scale, "min_scale")
-    hi = _optional_bound(max_scale, "max_scale")
-    if lo is not None and hi is not None and lo > hi:
-        raise ValueError(f"min_scale ({lo}) must be <= max_scale ({hi})")
+    _warn_direction(state, growth_factor, backoff_factor)
+    lo, hi, _ = _check_bounds(min_scale, max_scale, hysteresis, state.scale.dtype)
     init = float(init_scale)
     if (lo is not None and init < lo) or (hi is not None and init > hi):
         raise ValueError(
             f"init_scale ({init}) must lie within [min_scale, max_scale] = [{lo}, {hi}]"
         )
-    if hi is not None and hi > float(jnp.finfo(state.scale.dtype).max):
-        raise ValueError(f"max_scale={hi} is not finite in {state.scale.dtype}")
-    if isinstance(hysteresis, bool) or not isinstance(hysteresis, numbers.Integral):
-        raise TypeError(f"hysteresis must be an int >= 1, got {hysteresis!r}")
-    if not 1 <= int(hysteresis) <= INT32_MAX:
-        raise ValueError(f"hysteresis must be an int in [1, {INT32_MAX}], got {hysteresis}")
     return DynamicScaler(
         state=state,
         hysteresis_left=jnp.full(state.scale.shape, int(hysteresis), jnp.int32),
         min_scale=lo,
         max_scale=hi,
         hysteresis=int(hysteresis),
-        drop_overflow_update=check_bool(drop_overflow_update, "drop_overflow_update"),
+        drop_overflow_update=drop_overflow_update,
     )
 
 
@@ -341,7 +354,7 @@ def static_scaler(
 ) -> StaticScaler:
     """A `StaticScaler` of `scale` (finite, > 0, finite in `dtype`)."""
     value = check_factor(scale, "scale")
-    dt = check_scale_dtype(dtype)
+    dt = check_dtype(dtype)
     with np.errstate(over="ignore"):
         stored = float(np.float32(np.asarray(value, dt)))
     if not math.isfinite(stored):
@@ -349,16 +362,14 @@ def static_scaler(
             f"scale={scale!r} is not finite in {dt.name} (max {float(jnp.finfo(dt).max)})"
         )
     return StaticScaler(
-        state=_fixed_state(value, dt, shape),
-        drop_overflow_update=check_bool(drop_overflow_update, "drop_overflow_update"),
+        state=_fixed_state(value, dt, shape), drop_overflow_update=drop_overflow_update
     )
 
 
 def no_op_scaler(*, drop_overflow_update: bool = True) -> NoOpScaler:
     """A `NoOpScaler`: no scaling; non-finite steps skipped unless told otherwise."""
     return NoOpScaler(
-        state=_fixed_state(1.0, jnp.float32, ()),
-        drop_overflow_update=check_bool(drop_overflow_update, "drop_overflow_update"),
+        state=_fixed_state(1.0, jnp.float32, ()), drop_overflow_update=drop_overflow_update
     )
 
 

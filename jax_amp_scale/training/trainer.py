@@ -11,28 +11,18 @@ Usage::
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from jax_amp_scale.state.tree import instances
 from jax_amp_scale.state.validation import check_bool
 from jax_amp_scale.training import helpers, replicas
 from jax_amp_scale.training.policy import Policy
 
 PyTree = Any
-
-_MOVED = (
-    "drop_overflow_update",
-    "backend",
-    "skip_nonfinite_updates",
-    "max_consecutive_overflows",
-    "grad_norm",
-    "clip_grad_norm",
-    "overflow_callbacks",
-)
 
 
 class Trainer:
@@ -84,7 +74,6 @@ class Trainer:
         has_aux: bool = False,
         axis_name: Hashable | None = None,
         accumulate: int = 1,
-        **removed: Any,
     ) -> None:
         try:  # optax is an optional extra
             import optax  # noqa: F401
@@ -95,21 +84,6 @@ class Trainer:
             raise ModuleNotFoundError(
                 f"Trainer needs optax ({e}); install it with pip install optax"
             ) from e
-        if "scale" in removed:
-            warnings.warn(
-                "Trainer(scale=...) is deprecated; pass the scaler as scaler=",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            scaler = removed.pop("scale") if scaler is None else scaler
-        for name in removed:
-            if name in _MOVED:
-                raise TypeError(
-                    f"Trainer: the option {name}= was removed; build the optimizer with "
-                    f"loss_scaled(inner, scaler, {name}=...) (clip_grad_norm and grad_norm: the "
-                    "clip_grad_norm transformation inside it) and pass that as optimizer"
-                )
-            raise TypeError(f"Trainer() got an unexpected keyword argument {name!r}")
         if policy is not None and not isinstance(policy, Policy):
             raise TypeError(f"policy must be a Policy or None, got {type(policy).__name__}")
         k = ls.positive_int(accumulate, "accumulate", allow_none=False)
@@ -150,6 +124,30 @@ class Trainer:
 
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+        scaled = self._scaled_loss(loss_fn, batch, state)
+        grads, (loss, aux) = jax.grad(scaled, has_aux=True)(params)
+        if self.axis_name is not None:
+            grads = replicas.mean_gradients(grads, self.axis_name, loss=loss)
+            loss = jax.lax.pmean(loss, self.axis_name)
+        scale_used = helpers.scale_value(state)
+        updates, new_state = self.tx.update(grads, state, params)
+        metrics = {"loss": loss.astype(jnp.float32), "scale": scale_used}
+        metrics.update(_outcome(state, new_state))
+        held = metrics["reason"] != int(ls.SkipReason.APPLIED)
+        new_params = optax.apply_updates(params, updates)
+        # Zero updates would still turn -0.0 into +0.0: keep the input bits.
+        new_params = ls.keep_where(held, params, new_params)
+        norms = instances(new_state, pieces.ClipGradNormState)
+        if norms:
+            metrics["grad_norm"] = norms[0].norm
+        if self.has_aux:
+            metrics["aux"] = aux
+        return new_params, new_state, metrics
+
+    def _scaled_loss(
+        self, loss_fn: Callable[..., Any], batch: Any, state: Any
+    ) -> Callable[[PyTree], tuple[jax.Array, tuple[jax.Array, Any]]]:
+        """``params -> (scaled loss, (loss, aux))`` under the policy."""
         policy, has_aux = self.policy, self.has_aux
 
         def scaled(p: PyTree) -> tuple[jax.Array, tuple[jax.Array, Any]]:
@@ -163,49 +161,32 @@ class Trainer:
             helpers.check_scalar_loss(loss, "loss_fn", has_aux)
             return helpers.scale_loss(loss, state), (loss, aux)
 
-        grads, (loss, aux) = jax.grad(scaled, has_aux=True)(params)
-        if self.axis_name is not None:
-            grads = replicas.mean_gradients(grads, self.axis_name, loss=loss)
-            loss = jax.lax.pmean(loss, self.axis_name)
-        scale_used = helpers.scale_value(state)
-        updates, new_state = self.tx.update(grads, state, params)
+        return scaled
 
-        old, new = ls.get_loss_scaled_state(state), ls.get_loss_scaled_state(new_state)
-        stepped = new.total_steps > old.total_steps
-        skipped = new.skipped_steps > old.skipped_steps
-        found = stepped & new.found_inf
-        reason = jnp.where(
-            ~stepped,
-            int(ls.SkipReason.ACCUMULATING),
-            jnp.where(
-                skipped,
-                jnp.where(found, int(ls.SkipReason.OVERFLOW), int(ls.SkipReason.NONFINITE_UPDATE)),
-                int(ls.SkipReason.APPLIED),
-            ),
-        ).astype(jnp.int32)
-        held = reason != int(ls.SkipReason.APPLIED)
-        new_params = optax.apply_updates(params, updates)
-        # Zero updates would still turn -0.0 into +0.0: keep the input bits.
-        new_params = ls.keep_where(held, params, new_params)
-        metrics = {
-            "loss": loss.astype(jnp.float32),
-            "scale": scale_used,
-            "skipped": skipped,
-            "found_inf": found,
-            "reason": reason,
-            "consecutive_overflows": new.consecutive_overflows,
-            "skipped_steps": new.skipped_steps,
-            "total_steps": new.total_steps,
-        }
-        norms = [
-            x
-            for x in jax.tree_util.tree_leaves(
-                new_state, is_leaf=lambda x: isinstance(x, pieces.ClipGradNormState)
-            )
-            if isinstance(x, pieces.ClipGradNormState)
-        ]
-        if norms:
-            metrics["grad_norm"] = norms[0].norm
-        if has_aux:
-            metrics["aux"] = aux
-        return new_params, new_state, metrics
+
+def _outcome(state: Any, new_state: Any) -> dict[str, jax.Array]:
+    """The step's metrics read from the two optimizer states' counters."""
+    from jax_amp_scale.training import optax as ls
+
+    old, new = ls.get_loss_scaled_state(state), ls.get_loss_scaled_state(new_state)
+    stepped = new.total_steps > old.total_steps
+    skipped = new.skipped_steps > old.skipped_steps
+    found = stepped & new.found_inf
+    why = ls.SkipReason
+    reason = jnp.where(
+        ~stepped,
+        int(why.ACCUMULATING),
+        jnp.where(
+            skipped,
+            jnp.where(found, int(why.OVERFLOW), int(why.NONFINITE_UPDATE)),
+            int(why.APPLIED),
+        ),
+    ).astype(jnp.int32)
+    return {
+        "skipped": skipped,
+        "found_inf": found,
+        "reason": reason,
+        "consecutive_overflows": new.consecutive_overflows,
+        "skipped_steps": new.skipped_steps,
+        "total_steps": new.total_steps,
+    }

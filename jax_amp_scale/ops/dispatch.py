@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import math
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -25,6 +24,7 @@ import jax
 
 from jax_amp_scale.lowering import partitioning
 from jax_amp_scale.platforms import native, registry
+from jax_amp_scale.reference.floats import power_of_two_exponent
 
 UPDATE_SCALE = registry.UPDATE_SCALE
 UNSCALE_AND_CHECK = registry.UNSCALE_AND_CHECK
@@ -127,9 +127,10 @@ class Plan(NamedTuple):
 
 
 def exact_on_cann(factor: float) -> bool:
-    """Whether `factor` is a power of two that is a normal float32."""
-    mantissa, exponent = math.frexp(factor)
-    return mantissa == 0.5 and -126 <= exponent - 1 <= 127
+    """Whether `factor` is a power of two that is a normal float32 (then
+    CANN's float32 product gives torch's bits)."""
+    k = power_of_two_exponent(factor)
+    return k is not None and -126 <= k <= 127
 
 
 def cann_serves(rule: str, growth_factor: float, backoff_factor: float) -> bool:
@@ -209,15 +210,3 @@ def plan(op: str, backend: str, operands: list[Any], attrs: dict[str, Any] | Non
     # The target is looked up only for a native plan: without the compiled
     # modules "auto" plans the reference and must not need their names.
     return Plan("native", prefer, _target(op), cann)
-
-
-def native_expected(
-    op: str, backend: str, operands: list[Any], attrs: dict[str, Any] | None = None
-) -> bool:
-    """Whether `op` will run natively on JAX's default platform.
-
-    Decided at trace time; callers use it to pick how to consume a result,
-    never for the result itself (every path gives the same bits).
-    """
-    p = plan(op, backend, operands, attrs)
-    return p.mode != "reference" and _platform_name(None) in p.platforms
