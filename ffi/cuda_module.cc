@@ -1,5 +1,6 @@
 // nanobind module _native_cuda (optional: built only where CMake finds a
-// working CUDA compiler).  Capsules only; _ffi registers them on "CUDA".
+// working CUDA compiler).  Capsules only; jax_amp_scale/platforms/native.py
+// registers them on "CUDA".
 #include <nanobind/nanobind.h>
 
 #include "capsule_module.h"

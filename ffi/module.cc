@@ -1,6 +1,6 @@
 // nanobind module _native_cpu: capsules for the CPU handlers (the Python
-// side, jax_amp_scale/_ffi.py, registers them with XLA) and the XLA FFI API
-// version they were compiled against.
+// side, jax_amp_scale/platforms/native.py, registers them with XLA) and the
+// XLA FFI API version they were compiled against.
 #include <nanobind/nanobind.h>
 
 #include "capsule_module.h"
