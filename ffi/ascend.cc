@@ -89,10 +89,3 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JasUpdateScaleAscend,
                               jas::Ascend::Impl(jas::UpdateScaleOnAscend),
                               jas::Ascend::Bind());
-// The older attribute sets (targets.h), for artifacts of older releases.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JasUpdateScaleAscendV1,
-                              jas::Ascend::ImplV1(jas::UpdateScaleOnAscend),
-                              jas::Ascend::BindV1());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JasUpdateScaleAscendAnyVersion,
-                              jas::Ascend::ImplAnyVersion(jas::UpdateScaleOnAscend),
-                              jas::Ascend::BindAnyVersion());

@@ -252,7 +252,7 @@ WorkspaceCache& GlobalWorkspaceCache() {
 std::string DispatchUpdateScale(const cann::CannApi& api, WorkspaceCache& cache,
                                 int64_t device, cann::aclrtStream stream,
                                 const UpdateScaleCall& call) {
-  // aclnnAmpUpdateScale computes CANN's rule (update_scale.h, Rule::kCann
+  // aclnnAmpUpdateScale computes CANN's rule (cann_rule.h, Rule::kCann
   // without the guard, which the lowering adds after the call:
   // jax_amp_scale/lowering/update_scale.py).  Under Rule::kTorch that is
   // torch's rule only when both factors are powers of two exact in float32;

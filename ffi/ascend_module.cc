@@ -17,16 +17,11 @@
 
 extern "C" XLA_FFI_Error* JasUpdateScaleAscend(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* JasUnscaleAndCheckAscend(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* JasUpdateScaleAscendV1(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* JasUpdateScaleAscendAnyVersion(XLA_FFI_CallFrame*);
 
 NB_MODULE(_native_ascend, m) {
   jas::DefineCapsuleModule(m, "jax_amp_scale Ascend (aclnnAmpUpdateScale) XLA FFI handlers.",
                            {{jas::kUpdateScaleTarget, &JasUpdateScaleAscend},
-                            {jas::kUnscaleAndCheckTarget, &JasUnscaleAndCheckAscend},
-                            {jas::kUpdateScaleTargetV1, &JasUpdateScaleAscendV1},
-                            {jas::kLegacyUpdateScaleTarget, &JasUpdateScaleAscendAnyVersion},
-                            {jas::kLegacyUnscaleAndCheckTarget, &JasUnscaleAndCheckAscend}});
+                            {jas::kUnscaleAndCheckTarget, &JasUnscaleAndCheckAscend}});
   m.def("load_cann", []() {
     std::string err;
     const jas::LoadedCann* c = jas::GetCann(&err);

@@ -28,8 +28,3 @@ ffi::Error RunOnHost(const UpdateScaleCall& call) {
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JasUpdateScaleCpu, jas::Cpu::Impl(jas::RunOnHost),
                               jas::Cpu::Bind());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JasUpdateScaleCpuV1, jas::Cpu::ImplV1(jas::RunOnHost),
-                              jas::Cpu::BindV1());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JasUpdateScaleCpuAnyVersion,
-                              jas::Cpu::ImplAnyVersion(jas::RunOnHost),
-                              jas::Cpu::BindAnyVersion());

@@ -48,8 +48,3 @@ ffi::Error LaunchOnStream(cudaStream_t stream, const UpdateScaleCall& call) {
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JasUpdateScaleCuda, jas::Cuda::Impl(jas::LaunchOnStream),
                               jas::Cuda::Bind());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JasUpdateScaleCudaV1, jas::Cuda::ImplV1(jas::LaunchOnStream),
-                              jas::Cuda::BindV1());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JasUpdateScaleCudaAnyVersion,
-                              jas::Cuda::ImplAnyVersion(jas::LaunchOnStream),
-                              jas::Cuda::BindAnyVersion());

@@ -1,5 +1,6 @@
 // nanobind module _native_cuda (optional: built only where CMake finds a
-// working CUDA compiler).  Capsules only; _ffi registers them on "CUDA".
+// working CUDA compiler).  Capsules only; jax_amp_scale/platforms/native.py
+// registers them on "CUDA".
 #include <nanobind/nanobind.h>
 
 #include "capsule_module.h"
@@ -7,12 +8,8 @@
 #include "xla/ffi/api/c_api.h"
 
 extern "C" XLA_FFI_Error* JasUpdateScaleCuda(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* JasUpdateScaleCudaV1(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* JasUpdateScaleCudaAnyVersion(XLA_FFI_CallFrame*);
 
 NB_MODULE(_native_cuda, m) {
   jas::DefineCapsuleModule(m, "jax_amp_scale CUDA XLA FFI handlers (capsules only).",
-                           {{jas::kUpdateScaleTarget, &JasUpdateScaleCuda},
-                            {jas::kUpdateScaleTargetV1, &JasUpdateScaleCudaV1},
-                            {jas::kLegacyUpdateScaleTarget, &JasUpdateScaleCudaAnyVersion}});
+                           {{jas::kUpdateScaleTarget, &JasUpdateScaleCuda}});
 }

@@ -165,37 +165,20 @@ auto WithContexts(Binding&& binding) {
   }
 }
 
-// `binding` with the update-scale buffers appended (every version).
-template <typename Binding>
-auto WithUpdateScaleBuffers(Binding&& binding) {
-  return std::move(binding)
-      .template Arg<ffi::AnyBuffer>()   // current_scale
-      .template Arg<ffi::AnyBuffer>()   // growth_tracker
-      .template Arg<ffi::AnyBuffer>()   // found_inf
-      .template Ret<ffi::AnyBuffer>()   // updated_scale (aliases current_scale)
-      .template Ret<ffi::AnyBuffer>();  // updated_tracker (aliases growth_tracker)
-}
-
-// The v1 attribute set: the three factors of torch's rule.
-template <typename Binding>
-auto WithUpdateScaleAttrsV1(Binding&& binding) {
-  return WithUpdateScaleBuffers(std::move(binding))
-      .template Attr<double>("growth_factor")
-      .template Attr<double>("backoff_factor")
-      .template Attr<int64_t>("growth_interval");
-}
-
-// The v2 attribute set: v1 and the rule ("torch" or "cann").
+// `binding` with the update-scale operands and attributes appended
+// (targets.h kUpdateScaleTarget).
 template <typename Binding>
 auto WithUpdateScaleOperands(Binding&& binding) {
-  return WithUpdateScaleAttrsV1(std::move(binding)).template Attr<std::string_view>("rule");
-}
-
-// The unversioned target of the releases before versioned names: v1's or
-// v2's attributes, read from the dictionary (a missing "rule" is torch's).
-template <typename Binding>
-auto WithUpdateScaleAnyAttrs(Binding&& binding) {
-  return WithUpdateScaleBuffers(std::move(binding)).template Attrs<ffi::Dictionary>();
+  return std::move(binding)
+      .template Arg<ffi::AnyBuffer>()  // current_scale
+      .template Arg<ffi::AnyBuffer>()  // growth_tracker
+      .template Arg<ffi::AnyBuffer>()  // found_inf
+      .template Ret<ffi::AnyBuffer>()  // updated_scale (aliases current_scale)
+      .template Ret<ffi::AnyBuffer>()  // updated_tracker (aliases growth_tracker)
+      .template Attr<double>("growth_factor")
+      .template Attr<double>("backoff_factor")
+      .template Attr<int64_t>("growth_interval")
+      .template Attr<std::string_view>("rule");
 }
 
 }  // namespace internal
@@ -216,25 +199,6 @@ struct UpdateScaleFfi {
     }
   }
 
-  // The v1 binding (targets.h kUpdateScaleTargetV1): no "rule" attribute.
-  static auto BindV1() {
-    if constexpr (sizeof...(Ctx) == 0) {
-      return internal::WithUpdateScaleAttrsV1(ffi::Ffi::Bind());
-    } else {
-      return internal::WithUpdateScaleAttrsV1(internal::WithContexts<Ctx...>(ffi::Ffi::Bind()));
-    }
-  }
-
-  // The unversioned binding (kLegacyUpdateScaleTarget): v1's or v2's
-  // attributes, as a dictionary.
-  static auto BindAnyVersion() {
-    if constexpr (sizeof...(Ctx) == 0) {
-      return internal::WithUpdateScaleAnyAttrs(ffi::Ffi::Bind());
-    } else {
-      return internal::WithUpdateScaleAnyAttrs(internal::WithContexts<Ctx...>(ffi::Ffi::Bind()));
-    }
-  }
-
   // The handler for Bind(): checks every buffer and attribute, returns at
   // once for an empty batch, else `run(ctx..., call)` (an ffi::Error) does
   // the platform's work on the checked call.
@@ -249,58 +213,6 @@ struct UpdateScaleFfi {
       ffi::ErrorOr<UpdateScaleCall> call =
           CheckUpdateScale(scale, tracker, found_inf, *scale_out, *tracker_out,
                            growth_factor, backoff_factor, growth_interval, rule);
-      if (call.has_error()) return call.error();
-      if (call->count == 0) return ffi::Error::Success();
-      return run(ctx..., *call);
-    };
-  }
-
-  // The handler for BindV1(): Impl's with rule "torch".
-  template <typename Run>
-  static auto ImplV1(Run run) {
-    return [run](typename ffi::CtxDecoding<Ctx>::Type... ctx, ffi::AnyBuffer scale,
-                 ffi::AnyBuffer tracker, ffi::AnyBuffer found_inf,
-                 ffi::Result<ffi::AnyBuffer> scale_out,
-                 ffi::Result<ffi::AnyBuffer> tracker_out, double growth_factor,
-                 double backoff_factor, int64_t growth_interval) -> ffi::Error {
-      ffi::ErrorOr<UpdateScaleCall> call =
-          CheckUpdateScale(scale, tracker, found_inf, *scale_out, *tracker_out,
-                           growth_factor, backoff_factor, growth_interval, "torch");
-      if (call.has_error()) return call.error();
-      if (call->count == 0) return ffi::Error::Success();
-      return run(ctx..., *call);
-    };
-  }
-
-  // The handler for BindAnyVersion(): the attributes of v1 or v2, nothing else.
-  template <typename Run>
-  static auto ImplAnyVersion(Run run) {
-    return [run](typename ffi::CtxDecoding<Ctx>::Type... ctx, ffi::AnyBuffer scale,
-                 ffi::AnyBuffer tracker, ffi::AnyBuffer found_inf,
-                 ffi::Result<ffi::AnyBuffer> scale_out,
-                 ffi::Result<ffi::AnyBuffer> tracker_out,
-                 ffi::Dictionary attrs) -> ffi::Error {
-      const bool has_rule = attrs.contains("rule");
-      if (attrs.size() != (has_rule ? 4u : 3u)) {
-        return ffi::Error::InvalidArgument(
-            "jas_update_scale takes the attributes growth_factor, backoff_factor, "
-            "growth_interval and optionally rule");
-      }
-      ffi::ErrorOr<double> growth = attrs.get<double>("growth_factor");
-      if (growth.has_error()) return growth.error();
-      ffi::ErrorOr<double> backoff = attrs.get<double>("backoff_factor");
-      if (backoff.has_error()) return backoff.error();
-      ffi::ErrorOr<int64_t> interval = attrs.get<int64_t>("growth_interval");
-      if (interval.has_error()) return interval.error();
-      std::string_view rule = "torch";
-      if (has_rule) {
-        ffi::ErrorOr<std::string_view> named = attrs.get<std::string_view>("rule");
-        if (named.has_error()) return named.error();
-        rule = *named;
-      }
-      ffi::ErrorOr<UpdateScaleCall> call =
-          CheckUpdateScale(scale, tracker, found_inf, *scale_out, *tracker_out, *growth,
-                           *backoff, *interval, rule);
       if (call.has_error()) return call.error();
       if (call->count == 0) return ffi::Error::Success();
       return run(ctx..., *call);

@@ -1,6 +1,6 @@
 // nanobind module _native_cpu: capsules for the CPU handlers (the Python
-// side, jax_amp_scale/_ffi.py, registers them with XLA) and the XLA FFI API
-// version they were compiled against.
+// side, jax_amp_scale/platforms/native.py, registers them with XLA) and the
+// XLA FFI API version they were compiled against.
 #include <nanobind/nanobind.h>
 
 #include "capsule_module.h"
@@ -8,8 +8,6 @@
 #include "xla/ffi/api/c_api.h"
 
 extern "C" XLA_FFI_Error* JasUpdateScaleCpu(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* JasUpdateScaleCpuV1(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* JasUpdateScaleCpuAnyVersion(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* JasUnscaleAndCheckCpu(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* JasHostReportCpu(XLA_FFI_CallFrame*);
 
@@ -17,10 +15,7 @@ NB_MODULE(_native_cpu, m) {
   jas::DefineCapsuleModule(m, "jax_amp_scale CPU XLA FFI handlers (capsules only).",
                            {{jas::kUpdateScaleTarget, &JasUpdateScaleCpu},
                             {jas::kUnscaleAndCheckTarget, &JasUnscaleAndCheckCpu},
-                            {jas::kHostReportTarget, &JasHostReportCpu},
-                            {jas::kUpdateScaleTargetV1, &JasUpdateScaleCpuV1},
-                            {jas::kLegacyUpdateScaleTarget, &JasUpdateScaleCpuAnyVersion},
-                            {jas::kLegacyUnscaleAndCheckTarget, &JasUnscaleAndCheckCpu}});
+                            {jas::kHostReportTarget, &JasHostReportCpu}});
   // Only this module serves the host report (ffi/host_report_cpu.cc).
   m.attr("HOST_REPORT_TARGET") = jas::kHostReportTarget;
   m.def("ffi_api_version", []() {

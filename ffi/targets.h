@@ -2,14 +2,14 @@
 //
 // Each name carries the version of its operand and attribute set: a
 // serialized program (jax.export) names the target it calls, so a change to
-// what a target takes gets a new name, and every older name stays
-// registered with a handler for its own set.  The current names are what the
-// library emits; the others exist only for artifacts made by older
-// releases (tests/fixtures/ holds one that every release must run).
+// what a target takes gets a new name, and the old name stays registered
+// with a handler for its own set from the release that published it on
+// (tests/fixtures/ holds artifacts that every release must run with the
+// same bits).  0.1.0 is the first release: only these names exist.
 //
-// Every native module exports the current names (UPDATE_SCALE_TARGET,
+// Every native module exports the names (UPDATE_SCALE_TARGET,
 // UNSCALE_AND_CHECK_TARGET; capsule_module.h) and keys registrations() by
-// every name it serves, so Python reads the names instead of spelling them.
+// them, so Python reads the names instead of spelling them.
 #ifndef JAX_AMP_SCALE_FFI_TARGETS_H_
 #define JAX_AMP_SCALE_FFI_TARGETS_H_
 
@@ -28,14 +28,6 @@ inline constexpr char kUnscaleAndCheckTarget[] = "jas_unscale_and_check_v1";
 // flag; attribute report (int64), the key of a Python function in this
 // process.  Never in an exported program (the key means nothing elsewhere).
 inline constexpr char kHostReportTarget[] = "jas_host_report_v1";
-
-// Older sets, still served.
-// Update-scale v1: v2 without "rule" (torch's rule).
-inline constexpr char kUpdateScaleTargetV1[] = "jas_update_scale_v1";
-// The unversioned names of the releases before versioning: update-scale
-// with v1's or v2's attributes, and the unscale-and-check v1 set.
-inline constexpr char kLegacyUpdateScaleTarget[] = "jas_update_scale";
-inline constexpr char kLegacyUnscaleAndCheckTarget[] = "jas_unscale_and_check";
 
 }  // namespace jas
 

@@ -89,10 +89,11 @@ std::vector<std::pair<int32_t, size_t>> Extensions(uintptr_t address) {
   return out;
 }
 
-std::string RegisterHandler(uintptr_t address, const std::string& target, void* handler,
-                            const std::string& platform) {
-  const pjrt::ApiHead* api = CheckedApi(address);
-  if (handler == nullptr) throw std::runtime_error("handler is null");
+namespace {
+
+// The FFI extension of `api`, checked: present, of the version with
+// register_handler.
+const pjrt::FfiExtension* FfiExtensionOf(const pjrt::ApiHead* api) {
   const pjrt::ExtensionBase* ext = api->extension_start;
   int guard = 0;
   while (ext != nullptr && ext->type != pjrt::kExtensionTypeFfi) {
@@ -112,6 +113,23 @@ std::string RegisterHandler(uintptr_t address, const std::string& target, void* 
   if (ffi->register_handler == nullptr) {
     throw std::runtime_error("the PJRT FFI extension has no register_handler");
   }
+  return ffi;
+}
+
+std::runtime_error RegisterFailed(const std::string& target, const std::string& platform,
+                                  const ErrorInfo& info) {
+  return std::runtime_error("PJRT register_handler failed for '" + target + "' on platform '" +
+                            platform + "' (error code " + std::to_string(info.code) +
+                            "): " + info.message);
+}
+
+}  // namespace
+
+std::string RegisterHandler(uintptr_t address, const std::string& target, void* handler,
+                            const std::string& platform) {
+  const pjrt::ApiHead* api = CheckedApi(address);
+  if (handler == nullptr) throw std::runtime_error("handler is null");
+  const pjrt::FfiExtension* ffi = FfiExtensionOf(api);
 
   // Newer layout first: an older plugin rejects it by struct size (52 is
   // below both older sizes) before reading any field.
@@ -124,16 +142,12 @@ std::string RegisterHandler(uintptr_t address, const std::string& target, void* 
                                        0};
   pjrt::Error* err = ffi->register_handler(&typed);
   if (err == nullptr) return "typed";
-  ErrorInfo info = Consume(api, err);
+  const ErrorInfo info = Consume(api, err);
   const size_t expected = ExpectedStructSize(info.message);
   const bool older_layout = info.code == pjrt::kErrorCodeInvalidArgument &&
                             (expected == pjrt::kRegisterHandlerArgsVersionedSize ||
                              expected == pjrt::kRegisterHandlerArgsVersionedNoTraitsSize);
-  if (!older_layout) {
-    throw std::runtime_error("PJRT register_handler failed for '" + target + "' on platform '" +
-                             platform + "' (error code " + std::to_string(info.code) +
-                             "): " + info.message);
-  }
+  if (!older_layout) throw RegisterFailed(target, platform, info);
   pjrt::RegisterHandlerArgsVersioned versioned{pjrt::kRegisterHandlerArgsVersionedSize,
                                                target.data(),
                                                target.size(),
@@ -144,10 +158,7 @@ std::string RegisterHandler(uintptr_t address, const std::string& target, void* 
                                                0};
   err = ffi->register_handler(&versioned);
   if (err == nullptr) return "versioned";
-  info = Consume(api, err);
-  throw std::runtime_error("PJRT register_handler failed for '" + target + "' on platform '" +
-                           platform + "' (error code " + std::to_string(info.code) +
-                           "): " + info.message);
+  throw RegisterFailed(target, platform, Consume(api, err));
 }
 
 }  // namespace jas

@@ -15,16 +15,12 @@ import pytest
 
 from jax_amp_scale.platforms import native
 
-# Older, still served versions of the targets (ffi/targets.h) each module
-# also hands out, for programs serialized by older releases.
-OLDER_CPU = {"jas_update_scale_v1", "jas_update_scale", "jas_unscale_and_check"}
+# The module attributes naming the targets each module hands out a capsule
+# for: exactly those, under their versioned names (ffi/targets.h).
 MODULES = {
-    "_native_cpu": (
-        {"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET", "HOST_REPORT_TARGET"},
-        OLDER_CPU,
-    ),
-    "_native_cuda": ({"UPDATE_SCALE_TARGET"}, {"jas_update_scale_v1", "jas_update_scale"}),
-    "_native_ascend": ({"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET"}, OLDER_CPU),
+    "_native_cpu": {"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET", "HOST_REPORT_TARGET"},
+    "_native_cuda": {"UPDATE_SCALE_TARGET"},
+    "_native_ascend": {"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET"},
     "_native_plugin": None,  # the PJRT registrar hands out no capsule
 }
 
@@ -42,9 +38,8 @@ def test_target_names_and_registrations(name):
     if MODULES[name] is None:
         assert not hasattr(mod, "registrations")
         return
-    attrs, older = MODULES[name]
     regs = mod.registrations()
-    assert set(regs) == {getattr(mod, a) for a in attrs} | older
+    assert set(regs) == {getattr(mod, a) for a in MODULES[name]}
     assert all(type(c).__name__ == "PyCapsule" for c in regs.values())
 
 

@@ -1,8 +1,10 @@
 """Builds and runs tests/native/rule_test.cc under ASan+UBSan (leak checks on).
 
-It checks ffi/update_scale.h on its own: MulByFactor against the hardware's
-float(double(x) * g) (torch's rounding) over millions of inputs, and the rule
-with in-place aliasing.  Skipped only when no C++ compiler is present.
+It checks ffi/update_scale.h and the headers it is built from on their own:
+MulByFactor (torch_rule.h) against the hardware's float(double(x) * g)
+(torch's rounding) over millions of inputs, CANN's float32 product
+(cann_rule.h) and the float16/bfloat16 conversions (float_formats.h), and the
+rule with in-place aliasing.  Skipped only when no C++ compiler is present.
 """
 
 import os

@@ -96,10 +96,7 @@ def test_newer_layout_registers_once_and_marks_the_platform(fake_plugin):
     # the fused gradient pass too).
     got = sorted(tuple(line.split()[:4]) for line in out["log"])
     assert got == [
-        ("typed", "jas_unscale_and_check", "ascend", "-1"),  # older versions
         ("typed", "jas_unscale_and_check_v1", "ascend", "-1"),
-        ("typed", "jas_update_scale", "ascend", "-1"),
-        ("typed", "jas_update_scale_v1", "ascend", "-1"),
         ("typed", "jas_update_scale_v2", "ascend", "-1"),
     ]
 
@@ -109,10 +106,7 @@ def test_older_layout_with_api_version_is_detected(fake_plugin):
     assert out["route"] == "pjrt-versioned"
     got = sorted(tuple(line.split()[:4]) for line in out["log"])
     assert got == [
-        ("versioned", "jas_unscale_and_check", "ascend", "1"),  # older versions
         ("versioned", "jas_unscale_and_check_v1", "ascend", "1"),
-        ("versioned", "jas_update_scale", "ascend", "1"),
-        ("versioned", "jas_update_scale_v1", "ascend", "1"),
         ("versioned", "jas_update_scale_v2", "ascend", "1"),
     ]
 
@@ -322,13 +316,7 @@ def test_jax_ffi_route_when_the_plugin_python_side_forwards():
     )
     assert out["route"] == "jax.ffi" and out["again"] == "jax.ffi"
     # once each: registration is idempotent
-    assert sorted(out["seen"]) == [  # the older target versions too
-        "jas_unscale_and_check",
-        "jas_unscale_and_check_v1",
-        "jas_update_scale",
-        "jas_update_scale_v1",
-        "jas_update_scale_v2",
-    ]
+    assert sorted(out["seen"]) == ["jas_unscale_and_check_v1", "jas_update_scale_v2"]
     assert "forwarding_test" in out["platforms"]
 
 

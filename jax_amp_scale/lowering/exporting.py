@@ -4,10 +4,10 @@
 of targets with compatibility guarantees, or when the caller disables that
 check for the target by name.  The library gives the guarantee itself: every
 FFI target name carries the version of its operands and attributes
-(ffi/targets.h), a change gets a new name, and every older name stays
-registered with a handler for its own set (tests/fixtures/ holds an
-artifact every release must run with the same bits).  So the check is
-disabled here for exactly those names and no other:
+(ffi/targets.h), a change gets a new name, and a published name stays
+registered with a handler for its own set (tests/fixtures/ holds artifacts
+every release must run with the same bits).  So the check is disabled here
+for exactly those names and no other:
 
 - `export(fun, ...)`: `jax.export.export` with the library's targets
   allowed (and your own `disabled_checks` added).
@@ -35,13 +35,13 @@ from jax_amp_scale.platforms import native, registry
 
 
 def exportable_targets() -> tuple[str, ...]:
-    """Every FFI target name of this library that a serialized program may call:
-    the current versions and the older ones still served, sorted."""
+    """Every FFI target name of this library that a serialized program may
+    call, sorted."""
     return tuple(sorted(native.served_targets()))
 
 
 def register_handlers() -> None:
-    """Registers the native handlers with XLA, every served version (idempotent).
+    """Registers the native handlers with XLA (idempotent).
 
     Running a deserialized artifact that calls them needs this first in a
     process that has not run a library step yet; `deserialize` does it.

@@ -50,11 +50,3 @@ def handler_capsule(op: str = registry.UPDATE_SCALE) -> Any:
     for the fused gradient pass."""
     mod = native()
     return mod.registrations()[registry.module_targets(mod)[op]]
-
-
-def older_capsules() -> dict[str, Any]:
-    """``{target: capsule}`` of the older, still served target versions
-    (ffi/targets.h) the Ascend module hands out, for older artifacts."""
-    mod = native()
-    current = set(registry.module_targets(mod).values())
-    return {name: c for name, c in mod.registrations().items() if name not in current}

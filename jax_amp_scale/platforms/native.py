@@ -43,19 +43,14 @@ def _import(module: str) -> ModuleType:
 
 
 def register_module(mod: ModuleType, platform: str) -> None:
-    """Registers every handler `mod` hands out for `platform`: the current
-    targets, and the older versions that serialized programs may name
-    (ffi/targets.h)."""
+    """Registers every handler `mod` hands out for `platform`, under the
+    versioned target names the module defines (ffi/targets.h)."""
     names = registry.module_targets(mod)
     registry.set_target_names(names)
     capsules = mod.registrations()
     for op, name in names.items():
         if name in capsules:
             registry.register_capsule(op, platform, capsules[name])
-    current = set(names.values())
-    for name, capsule in capsules.items():
-        if name not in current:
-            registry.register_older_target(name, platform, capsule)
 
 
 def native_disabled() -> bool:
@@ -159,8 +154,8 @@ def target(op: str) -> str:
 
 
 def served_targets() -> frozenset[str]:
-    """Every FFI target name the native handlers serve, current and older
-    versions (what a serialized program of this library may call)."""
+    """Every FFI target name the native handlers serve (what a serialized
+    program of this library may call)."""
     with _lock:
         _load_builtins()
     return registry.served_targets()

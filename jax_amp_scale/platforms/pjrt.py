@@ -143,8 +143,7 @@ def register(
       target: the custom-call target name (default: the update-scale
         target, ``"jas_update_scale_v2"``; on Ascend, with the default handler,
         the fused gradient pass ``"jas_unscale_and_check_v1"`` is registered
-        too, and the older target versions that artifacts of older releases
-        call: ffi/targets.h).
+        too).
 
     Returns:
       The route used: ``"jax.ffi"``, ``"pjrt"`` (C API, newer argument
@@ -209,10 +208,6 @@ def _register(
             _default_handler(platform, registry.UNSCALE_AND_CHECK),
             targets[registry.UNSCALE_AND_CHECK],
         )
-        from jax_amp_scale.platforms import ascend
-
-        for name, capsule in ascend.older_capsules().items():  # older artifacts
-            _register(platform, api, reg_platform, capsule, name)
     target = targets[registry.UPDATE_SCALE] if target is None else str(target)
     op = {v: k for k, v in targets.items()}.get(target)
     capsule = handler if handler is not None else _default_handler(platform)

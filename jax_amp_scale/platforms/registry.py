@@ -35,7 +35,6 @@ _lock = threading.RLock()
 _handlers: dict[str, set[str]] = {op: set() for op in (*OPERATORS, HOST_REPORT)}
 _load_errors: dict[str, str] = {}
 _targets: dict[str, str] = {}
-_older: set[tuple[str, str]] = set()
 
 
 def module_targets(mod: Any) -> dict[str, str]:
@@ -70,23 +69,11 @@ def register_capsule(op: str, platform: str, capsule: Any) -> None:
         _handlers[op].add(platform)
 
 
-def register_older_target(name: str, platform: str, capsule: Any) -> None:
-    """Registers `capsule` under an older, still served target `name`
-    (ffi/targets.h): programs serialized by older releases call it."""
-    platform = platform.lower()
-    with _lock:
-        if (name, platform) in _older:
-            return
-        jax.ffi.register_ffi_target(name, capsule, platform=XLA_PLATFORM.get(platform, platform))
-        _older.add((name, platform))
-
-
 def served_targets() -> frozenset[str]:
-    """Every operator target name registered here, current and older versions
-    (not the host report's: its key means nothing in another process)."""
+    """Every operator target name registered here (not the host report's:
+    its key means nothing in another process)."""
     with _lock:
-        current = frozenset(name for op, name in _targets.items() if op in OPERATORS)
-        return current | frozenset(n for n, _ in _older)
+        return frozenset(name for op, name in _targets.items() if op in OPERATORS)
 
 
 def mark_registered(op: str, platform: str) -> None:

@@ -1,4 +1,5 @@
-// Standalone check of ffi/update_scale.h, built by tests/test_native_rule.py
+// Standalone check of ffi/update_scale.h (and torch_rule.h, cann_rule.h,
+// float_formats.h under it), built by tests/test_native_rule.py
 // with -fsanitize=address,undefined (leak checking on: no Python around).
 //
 // For float32 scales, MulByFactor must equal the hardware's float(double(x)
@@ -33,9 +34,9 @@ void Expect(bool ok, const char* what, uint32_t x, double g, uint32_t got,
 }
 
 uint32_t HardwareProduct(uint32_t xbits, double g) {
-  const float x = jas::BitsToFloat(xbits);
+  const float x = jas::F32FromBits(xbits);
   const float r = static_cast<float>(static_cast<double>(x) * g);
-  return jas::FloatBits(r);
+  return jas::F32Bits(r);
 }
 
 bool SameFloat(uint32_t a, uint32_t b) {
@@ -92,23 +93,25 @@ void CheckCann() {
     _Float16 x;
     const uint16_t hb = static_cast<uint16_t>(h);
     std::memcpy(&x, &hb, 2);
-    const uint32_t want = jas::FloatBits(static_cast<float>(x));
+    const uint32_t want = jas::F32Bits(static_cast<float>(x));
     const uint32_t got = jas::WidenToF32Bits(jas::ScaleDtype::kF16, h);
     Expect(SameFloat(got, want), "f16 widen", h, 0, got, want);
   }
   // float32 -> float16 and -> bfloat16 (nearest even) over a stride of patterns.
   for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 4093) {
     const uint32_t b = static_cast<uint32_t>(u);
-    const float f = jas::BitsToFloat(b);
+    const float f = jas::F32FromBits(b);
     const uint32_t want = HalfBits(static_cast<_Float16>(f));
     const uint32_t got = jas::NarrowF32Bits(jas::ScaleDtype::kF16, b);
     const bool nan = (b & 0x7FFFFFFFu) > 0x7F800000u;
-    Expect(nan ? ((got & 0x7FFFu) > 0x7C00u) : got == want, "f16 narrow", b, 0, got, want);
+    // A NaN keeps its sign and top payload bits, made quiet (in both formats,
+    // as reference/cann_rule.py's narrow_f32_bits).
+    const uint32_t f16_nan = ((b >> 16) & 0x8000u) | 0x7E00u | ((b >> 13) & 0x3FFu);
+    Expect(got == (nan ? f16_nan : want), "f16 narrow", b, 0, got, want);
     // bfloat16 by the textbook rounding of the top half.
-    const uint32_t bf_want = nan ? 0 : ((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+    const uint32_t bf_want = nan ? ((b >> 16) | 0x40u) : ((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
     const uint32_t bf_got = jas::NarrowF32Bits(jas::ScaleDtype::kBF16, b);
-    Expect(nan ? ((bf_got & 0x7FFFu) > 0x7F80u) : bf_got == bf_want, "bf16 narrow", b, 0,
-           bf_got, bf_want);
+    Expect(bf_got == bf_want, "bf16 narrow", b, 0, bf_got, bf_want);
   }
   // float32 products: the hardware's float * float.
   std::mt19937_64 rng(777);
@@ -120,7 +123,7 @@ void CheckCann() {
     const uint32_t got = jas::RuleProduct(jas::Rule::kCann, jas::ScaleDtype::kF32, x,
                                           jas::CannFactor(g), &finite);
     const uint32_t want =
-        jas::FloatBits(jas::BitsToFloat(x) * static_cast<float>(g));
+        jas::F32Bits(jas::F32FromBits(x) * static_cast<float>(g));
     Expect(SameFloat(got, want), "cann f32 product", x, g, got, want);
   }
   // The guard: float16 32768 grown x2 stays 32768 (the kernel would store inf).
