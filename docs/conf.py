@@ -59,7 +59,9 @@ myst_heading_anchors = 3
 autodoc_default_options = {"members": True, "member-order": "bysource"}
 autodoc_typehints = "description"
 autodoc_typehints_format = "short"
-autodoc_preserve_defaults = False  # show the values (65536.0), not DEFAULT_INIT_SCALE
+# Defaults as written in the code (jnp.float32, DEFAULT_INIT_SCALE), not their
+# repr (<class jax.numpy.float32>); the docstrings give the values.
+autodoc_preserve_defaults = True
 autodoc_class_signature = "mixed"
 autosummary_generate = False
 napoleon_google_docstring = True

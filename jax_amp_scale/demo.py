@@ -11,9 +11,11 @@ Overflows can be injected at chosen steps (``--inject 100,101``): the
 gradient of that step is made infinite in the backward pass, as a real
 float16 overflow would be; the step is skipped and the scale backs off.
 
-At the end: a summary table, and a PNG of loss and scale over the steps
-(``pip install jax-amp-scale[demo]`` for matplotlib; without it the plot is
-skipped with a message).
+Next to it, the same model trains in float32 (O0, no scaling) from the same
+weights and batches: the baseline.  At the end: a summary table (the loss
+over all the data of both runs), and a PNG of loss and scale over the steps
+with the baseline's loss drawn dashed (``pip install jax-amp-scale[demo]``
+for matplotlib; without it the plot is skipped with a message).
 """
 
 from __future__ import annotations
@@ -248,8 +250,10 @@ def train(
     )
 
 
-def summary_table(result: RunResult, *, level: str, scale: str) -> str:
-    """The end-of-run table, as text."""
+def summary_table(
+    result: RunResult, *, level: str, scale: str, baseline: RunResult | None = None
+) -> str:
+    """The end-of-run table, as text; with `baseline`, its loss beside the run's."""
     skipped_at = np.flatnonzero(result.skipped).tolist()
     shown = ", ".join(map(str, skipped_at[:10])) + (" ..." if len(skipped_at) > 10 else "")
     growth = (
@@ -269,13 +273,20 @@ def summary_table(result: RunResult, *, level: str, scale: str) -> str:
         ("growth interval", growth),
         ("final scale", f"{float(jas.find_scale_state(result.opt_state).scale):g}"),
         ("last loss (batch)", f"{float(result.loss[-1]):.4f}"),
-        ("loss (all data)", f"{result.eval_loss:.4f}"),
+        ("loss (all data)", f"{result.eval_loss:.4f}" + _beside(result, baseline)),
         ("time", f"{result.seconds:.1f} s"),
     ]
     width = max(len(k) for k, _ in rows)
     line = "+" + "-" * (width + 2) + "+" + "-" * 42 + "+"
     out = [line] + [f"| {k:<{width}} | {v:<40} |" for k, v in rows] + [line]
     return "\n".join(out)
+
+
+def _beside(result: RunResult, baseline: RunResult | None) -> str:
+    if baseline is None:
+        return ""
+    rel = 100.0 * (result.eval_loss / baseline.eval_loss - 1.0)
+    return f" (float32: {baseline.eval_loss:.4f}, {rel:+.1f}%)"
 
 
 def plot(
@@ -304,14 +315,17 @@ def plot(
     steps = np.arange(len(result.loss))
     fig, (ax1, ax2) = plt.subplots(2, 1, sharex=True, figsize=(7, 5.5))
     ok = ~result.skipped
-    ax1.plot(steps[ok], result.loss[ok], lw=1, label="loss")
+    ax1.plot(steps[ok], result.loss[ok], lw=1, color="tab:blue", zorder=2, label="loss")
     if baseline is not None:
+        # The two curves nearly coincide: the baseline is a wide, light band
+        # under the run's thin line, so that both stay visible.
         ax1.plot(
             np.arange(len(baseline.loss)),
             baseline.loss,
-            lw=1,
-            color="gray",
-            alpha=0.7,
+            lw=4,
+            color="tab:orange",
+            alpha=0.5,
+            zorder=1,
             label="float32 baseline (O0)",
         )
     for ax in (ax1, ax2):
@@ -375,13 +389,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-baseline",
         action="store_true",
-        help="do not train the float32 (O0) baseline drawn in the plot",
+        help="do not train the float32 (O0) baseline (its loss in the summary, "
+        "its line in the plot)",
     )
     parser.add_argument(
         "--growth-interval", type=int, default=50, help="dynamic scale growth interval"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress output (a bar on a terminal, lines otherwise); "
+        "the summary is still printed",
+    )
     args = parser.parse_args(argv)
     inject = [s for s in args.inject if s < args.steps]
     try:
@@ -396,10 +416,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except ValueError as e:
         parser.error(str(e))
-    print(summary_table(result, level=args.level, scale=args.scale))
     baseline = None
-    if not args.no_plot and args.level != "O0" and not args.no_baseline:
+    if args.level != "O0" and not args.no_baseline:
+        if not args.quiet:
+            print("training the float32 (O0) baseline ...", file=sys.stderr, flush=True)
         baseline = train(args.steps, "O0", "none", (), seed=args.seed)
+    print(summary_table(result, level=args.level, scale=args.scale, baseline=baseline))
     title = f"{args.level} / scale {args.scale}, adam, {args.steps} steps"
     if not args.no_plot and plot(result, args.out, baseline=baseline, title=title):
         print(f"plot written to {args.out}")

@@ -1,6 +1,7 @@
 """optax integration (needs optax: ``pip install optax``).
 
-The core: `loss_scaled(inner, scaler)` and its state `LossScaledState`.
+The core: `loss_scaled(inner, scaler)`, the `LossScaled` transformation it
+returns, and its state `LossScaledState`.
 Pieces that compose with it: `accumulate_gradients` (outside: torch
 ``GradScaler``'s accumulation), `clip_grad_norm` (inside: clipping after
 unscaling), `optimizer_step` (torch's ``scaler.step(opt)`` for a hand-written
@@ -8,6 +9,7 @@ loop), `get_loss_scaled_state`, and `SkipReason` (`Trainer`'s metric).
 """
 
 from jax_amp_scale.training.optax import (
+    LossScaled,
     LossScaledState,
     SkipReason,
     get_loss_scaled_state,
@@ -24,6 +26,7 @@ from jax_amp_scale.training.pieces import (
 __all__ = [
     "AccumulationState",
     "ClipGradNormState",
+    "LossScaled",
     "LossScaledState",
     "SkipReason",
     "accumulate_gradients",

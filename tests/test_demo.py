@@ -1,6 +1,7 @@
 """python -m jax_amp_scale.demo: flags, summary table, plot (and its absence)."""
 
 import builtins
+import re
 import subprocess
 import sys
 
@@ -22,6 +23,12 @@ def test_main_writes_table_and_png(tmp_path, capsys):
     assert "| skipped           | 2 (at 3, 4)" in text.out
     assert "| steps             | 30" in text.out
     assert "30/30" in text.err  # the progress bar reached the end
+    # The float32 baseline's loss stands beside the run's.
+    (row,) = [line for line in text.out.splitlines() if "loss (all data)" in line]
+    ours, base, rel = re.match(
+        r"\| loss \(all data\)\s+\| (\S+) \(float32: (\S+), (\S+)%\)", row
+    ).groups()
+    assert float(rel) == pytest.approx(100 * (float(ours) / float(base) - 1), abs=0.1)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -142,4 +149,8 @@ def test_plot_with_baseline(tmp_path):
     base = demo.train(6, "O0", "none")
     out = tmp_path / "b.png"
     assert demo.plot(r, str(out), baseline=base, title="t")
+    table = demo.summary_table(r, level="O2", scale="auto", baseline=base)
+    rel = 100 * (r.eval_loss / base.eval_loss - 1)
+    assert f"| {r.eval_loss:.4f} (float32: {base.eval_loss:.4f}, {rel:+.1f}%)" in table
+    assert "float32" not in demo.summary_table(r, level="O2", scale="auto")
     assert out.read_bytes()[:4] == b"\x89PNG"

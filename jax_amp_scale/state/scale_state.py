@@ -142,12 +142,18 @@ def init_scale_state(
     """Creates a `ScaleState` with tracker 0.
 
     Args:
-      init_scale: starting loss scale; finite, > 0 and finite in ``dtype``
-        (``2**16`` overflows float16: use at most 65504 there).
-      growth_factor, backoff_factor: finite numbers > 0.
-      growth_interval: integer in [1, 2**31 - 1].
-      dtype: float32, float16 or bfloat16 (the Ascend operator's dtypes).
-      shape: ``()`` or ``(1,)`` (the Ascend operator uses ``(1,)``).
+      init_scale: starting loss scale (default ``2**16``); finite, > 0 and
+        finite in ``dtype`` (``2**16`` overflows float16: use at most 65504
+        there).
+      growth_factor: the factor the scale grows by after `growth_interval`
+        finite steps (default 2.0); a finite number > 0.
+      backoff_factor: the factor the scale shrinks by after an overflow
+        (default 0.5); a finite number > 0.
+      growth_interval: finite steps in a row before the scale grows
+        (default 2000); an integer in [1, 2**31 - 1].
+      dtype: the scale's dtype: ``jnp.float32`` (default), ``jnp.float16``
+        or ``jnp.bfloat16`` (the Ascend operator's dtypes).
+      shape: ``()`` (default) or ``(1,)`` (the Ascend operator uses ``(1,)``).
       rule: ``"torch"`` (default) or ``"cann"``; see `ScaleState`.
 
     Defaults equal torch's ``GradScaler`` (2**16, 2.0, 0.5, 2000).

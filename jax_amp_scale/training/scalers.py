@@ -316,14 +316,32 @@ def dynamic_scaler(
     """A `DynamicScaler`; defaults equal torch's ``GradScaler`` (2**16, 2.0, 0.5, 2000).
 
     Args:
-      init_scale, growth_factor, backoff_factor, growth_interval, dtype, shape,
-        rule: as in `init_scale_state` (``rule="cann"``: CANN's arithmetic).
-      min_scale, max_scale: optional bounds (finite, > 0, ``min <= init <=
-        max``): the scale never leaves ``[min_scale, max_scale]``.
+      init_scale: the scale of the first step (default ``2**16``); finite,
+        > 0 and finite in `dtype` (at most 65504 for a float16 scale).
+      growth_factor: what the scale is multiplied by after `growth_interval`
+        finite steps in a row (default 2.0); > 1 (a value <= 1 warns).
+      backoff_factor: what the scale is multiplied by after an overflowing
+        step (default 0.5); in (0, 1) (a value >= 1 warns).
+      growth_interval: finite steps in a row after which the scale grows
+        (default 2000); an int in [1, 2**31 - 1].
+      min_scale: an optional floor (finite, > 0, at most `init_scale`): the
+        scale never falls below it, however many steps overflow.
+      max_scale: an optional ceiling (finite in `dtype`, at least
+        `init_scale` and `min_scale`): the scale never grows above it.
       hysteresis: overflows tolerated in a row (int >= 1) before backing off,
         as DeepSpeed/Megatron; every overflow step is still skipped.
       drop_overflow_update: whether `loss_scaled` and `Trainer` skip a step
         whose gradients overflowed (True, torch's behaviour) or apply it.
+      dtype: the scale's dtype: ``jnp.float32`` (default), ``jnp.float16``
+        or ``jnp.bfloat16``.
+      shape: the scale's shape, ``()`` (default) or ``(1,)`` (Ascend's
+        operator's).
+      rule: the arithmetic of the growth and backoff: ``"torch"`` (default,
+        the product in float64 as ``torch._amp_update_scale_``) or
+        ``"cann"`` (CANN's float32 kernel); see :doc:`/operator`.
+
+    Returns:
+      A `DynamicScaler` holding the `ScaleState` and these settings.
     """
     state = init_scale_state(
         init_scale, growth_factor, backoff_factor, growth_interval, dtype, shape, rule
