@@ -141,15 +141,13 @@ CELLS = [
 ]
 
 
-@pytest.mark.parametrize(("layout", "mode"), CELLS)
-def test_native_step_partitions_like_the_plain_step(partitioner, layout, mode, request):
-    if BEFORE_0_7 and mode == AxisType.Explicit and layout != "replicated":
-        request.applymarker(
-            pytest.mark.xfail(strict=True, raises=ValueError, reason=EXPLICIT_NATIVE_PASS)
-        )
+def _run(layout, mode, param_dtype):
+    """(the plain step's collectives, the native step's, its compiled text,
+    the native step's result, the reference's) for one layout."""
     shape, names, specs, batch_spec = LAYOUTS[layout]
     mesh = jax.make_mesh(shape, names, axis_types=(mode,) * len(names))
     params, x, y = _problem()
+    params = {k: v.astype(param_dtype) for k, v in params.items()}
     inner = optax.adam(1e-3)
     native = loss_scaled(inner, backend="ffi")
     reference = loss_scaled(inner, backend="reference")
@@ -162,12 +160,24 @@ def test_native_step_partitions_like_the_plain_step(partitioner, layout, mode, r
         want = collectives(
             jax.jit(plain).lower(params, inner.init(params), x, y).compile().as_text()
         )
-        compiled = jax.jit(scaled).lower(params, state, x, y).compile()
+        text = jax.jit(scaled).lower(params, state, x, y).compile().as_text()
         got = jax.jit(scaled)(params, state, x, y)
         expected = jax.jit(scaled_reference)(params, reference.init(params), x, y)
-    text = compiled.as_text()
     assert "jas_unscale_and_check" in text  # the native pass, partitioned
-    have = collectives(text)
+    return want, collectives(text), got, expected
+
+
+def _xfail_explicit_before_0_7(layout, mode, request):
+    if BEFORE_0_7 and mode == AxisType.Explicit and layout != "replicated":
+        request.applymarker(
+            pytest.mark.xfail(strict=True, raises=ValueError, reason=EXPLICIT_NATIVE_PASS)
+        )
+
+
+@pytest.mark.parametrize(("layout", "mode"), CELLS)
+def test_native_step_partitions_like_the_plain_step(partitioner, layout, mode, request):
+    _xfail_explicit_before_0_7(layout, mode, request)
+    want, have, got, expected = _run(layout, mode, np.float32)
     # Every collective of the plain step is there: it partitions the same.
     assert not want - have, (want - have, have - want)
     extra = list((have - want).elements())
@@ -177,5 +187,25 @@ def test_native_step_partitions_like_the_plain_step(partitioner, layout, mode, r
     # (replicated): then the flag needs no reduction.
     assert len(extra) == flag or (BEFORE_0_7 and len(extra) < flag), extra
     # The same step, bit for bit: new parameters and optimizer state.
+    for a, b in zip(_bits(got), _bits(expected), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("layout", "mode"), [c.values for c in CELLS], ids=[c.id for c in CELLS])
+def test_16_bit_parameters_add_only_scalar_reductions(partitioner, layout, mode, request):
+    # float16 parameters turn on the check of the update
+    # (skip_nonfinite_updates), which reduces flags of its own: more scalar
+    # all-reduces, still nothing gathered and the plain step's collectives
+    # kept (docs/guide/multi-device.md).
+    _xfail_explicit_before_0_7(layout, mode, request)
+    want, have, got, expected = _run(layout, mode, np.float16)
+    assert not want - have, (want - have, have - want)
+    extra = list((have - want).elements())
+    assert all(_is_scalar_all_reduce(c) for c in extra), extra
+    if layout == "replicated":
+        assert extra == []
+    else:
+        assert len(extra) > FLAG_REDUCTIONS[layout] or BEFORE_0_7, extra
     for a, b in zip(_bits(got), _bits(expected), strict=True):
         np.testing.assert_array_equal(a, b)
