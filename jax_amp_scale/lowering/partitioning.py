@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
+from jax.experimental.shard_alike import shard_alike
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 Pass = Callable[[jax.Array, list[jax.Array]], tuple[jax.Array, list[jax.Array]]]
@@ -203,9 +204,26 @@ def elementwise_pass(run: Pass) -> Pass:
             found, outs = run(inv, leaves)
             return found, [_typed_like(y, x) for y, x in zip(outs, leaves, strict=True)]
         found, *outs = _partitioned(run, tuple(x.ndim for x in leaves))(inv, *leaves)
-        return found, list(outs)
+        return found, _sharded_alike(leaves, list(outs))
 
     return partitioned
+
+
+def _sharded_alike(leaves: list[jax.Array], outs: list[jax.Array]) -> list[jax.Array]:
+    """`outs`, each in one sharding group with its operand in `leaves`.
+
+    Shardy propagates through element-wise ops before any other op, and a
+    custom call is not one: the optimizer's parameter-like shardings stopped
+    at the results, and the weight-gradient dots producing the operands
+    took theirs from the batch instead (issue 30: an extra all-gather of the
+    input and an all-to-all after the call; GSPMD did the same).  In one
+    group (`shard_alike`), a sharding either side gets is the other's at
+    once, so the call is as transparent as the plain step's element-wise
+    unscale and the program partitions like it
+    (tests/multidevice/test_step_collectives.py).
+    """
+    _, outs = shard_alike(leaves, outs)
+    return list(outs)
 
 
 def _elementwise_rule(ndim: int, n_in: int, n_out: int) -> str:
