@@ -203,7 +203,27 @@ def trainer_driver(trainer: Any) -> Driver:
     return Driver(trainer.init, step)
 
 
-def function_driver(make_scaler: Callable[[], Any], inner: Any) -> Driver:
+def _mean(grads: Any, axis_name: str | None) -> Any:
+    """Data parallelism written by hand (torch DDP): average the gradients."""
+    if axis_name is None:
+        return grads
+    # Under shard_map's varying-axes check, the gradient of a replicated
+    # parameter arrives summed over the axis (JAX transposes the implicit
+    # broadcast into a psum): divide it; a varying one (pmap) is averaged.
+    if _varying(jax.lax.axis_index(axis_name)) and not any(map(_varying, jax.tree.leaves(grads))):
+        n = jax.lax.psum(1, axis_name)
+        return jax.tree.map(lambda g: g / n, grads)
+    return jax.lax.pmean(grads, axis_name)
+
+
+def _varying(x: Any) -> bool:
+    """Whether JAX types `x` as varying over a manual axis (shard_map's check)."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "mat", None)
+    return bool(getattr(mat, "varying", None) or getattr(aval, "vma", None))
+
+
+def function_driver(make_scaler: Callable[[], Any], inner: Any, axis_name=None) -> Driver:
     """torch's loop: scaler.scale(loss), unscale_, scaler.step(opt), scaler.update."""
 
     def init(params: Any) -> dict[str, Any]:
@@ -212,6 +232,7 @@ def function_driver(make_scaler: Callable[[], Any], inner: Any) -> Driver:
     def step(params: Any, state: Any, batch: Any) -> tuple[Any, Any]:
         scaler = state["scaler"]
         grads = jax.grad(lambda p: scaler.scale_loss(loss_fn(p, batch)))(params)
+        grads = _mean(grads, axis_name)
         grads, found = scaler.unscale_and_check(grads)
         params, opt = optimizer_step(inner, grads, state["opt"], params, found)
         return params, {"scaler": scaler.update(found), "opt": opt}
@@ -219,11 +240,12 @@ def function_driver(make_scaler: Callable[[], Any], inner: Any) -> Driver:
     return Driver(init, step)
 
 
-def scaler_driver(make_scaler: Callable[[], Any], lr: float) -> Driver:
+def scaler_driver(make_scaler: Callable[[], Any], lr: float, axis_name=None) -> Driver:
     """The README's loop without optax: the operators on a scaler or ScaleState."""
 
     def step(params: Any, state: Any, batch: Any) -> tuple[Any, Any]:
         grads = jax.grad(lambda p: jas.scale_loss(loss_fn(p, batch), state))(params)
+        grads = _mean(grads, axis_name)
         grads, found = jas.unscale_and_check(grads, state)
         params = jax.tree.map(lambda p, g: jnp.where(found, p, p - lr * g), params, grads)
         if isinstance(state, jas.ScaleState):
