@@ -165,9 +165,9 @@ def pmap_cell(row: C.Row) -> None:
     for x in stacked:
         params, state = step(params, state, x)
         states.append(jax.tree.map(lambda a: a[0], state))
-    for i in range(1, N):  # every replica took the same step
-        for a, b in zip(jax.tree.leaves((params, state)), jax.tree.leaves((params, state))):
-            np.testing.assert_array_equal(np.asarray(a[i]), np.asarray(b[0]))
+    for leaf in jax.tree.leaves((params, state)):  # every replica took the same step
+        leaf = np.asarray(leaf)
+        np.testing.assert_array_equal(leaf, np.broadcast_to(leaf[:1], leaf.shape))
     one = jax.tree.map(lambda a: a[0], (params, state))
     C.check(row, one[0], one[1], C.oracle(row, mean), _scales(row, states))
 
