@@ -16,8 +16,13 @@ docs/contract.md.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
+import hashlib
+import pickle
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import jax
@@ -308,9 +313,14 @@ def oracle(
 ) -> Expected:
     """What the row must return after `bs`, computed without the library
     (`inner`: the plain optimizer the row wraps, default its sgd)."""
+    key = None
+    if inner is None:  # the common case, memoized: many cells share one oracle
+        key = (row.name, jnp.dtype(dtype).name, hashlib.sha1(pickle.dumps(bs)).hexdigest())
+        if key in _ORACLES:
+            return copy.deepcopy(_ORACLES[key])
     advance = _torch_rule(row.rule)
+    plain = _plain_jit(row.momentum) if inner is None else jax.jit(partial(_plain_step, inner))
     inner = plain_inner(row.momentum) if inner is None else inner
-    plain = jax.jit(lambda p, o, g: _plain_step(inner, p, o, g))
     params = params0(dtype)
     opt = inner.init(params)
     scale = initial_scale(row.rule)
@@ -336,7 +346,18 @@ def oracle(
             params, opt = plain(params, opt, grads)
         scale = advance(found)
         scales.append(scale)
-    return Expected({k: np.asarray(v) for k, v in params.items()}, scales, skipped)
+    want = Expected({k: np.asarray(v) for k, v in params.items()}, scales, skipped)
+    if key is not None:
+        _ORACLES[key] = copy.deepcopy(want)
+    return want
+
+
+_ORACLES: dict[tuple, Expected] = {}
+
+
+@functools.cache
+def _plain_jit(momentum: bool) -> Callable:
+    return jax.jit(partial(_plain_step, plain_inner(momentum)))
 
 
 def _plain_step(inner: Any, p: Any, o: Any, g: Any) -> tuple[Any, Any]:
