@@ -482,7 +482,10 @@ def cells() -> list[tuple[str, str]]:
 
 # One quick cell per in-process holding in the default tier (the rest: slow).
 REPRESENTATIVE = "loss_scaled(dynamic_scaler())"
-DEFAULT_TIER = {(c.name, REPRESENTATIVE) for c in COLUMNS if c.where == "here"} | {
+# ("float32 params" is every other cell's dtype: slow tier only.)
+DEFAULT_TIER = {
+    (c.name, REPRESENTATIVE) for c in COLUMNS if c.where == "here" and c.name != "float32 params"
+} | {
     ("jit, state donated", "Trainer"),
     ("jit, state donated", "accumulate_gradients(loss_scaled(...), 2)"),
 }
