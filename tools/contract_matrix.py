@@ -82,15 +82,23 @@ def render(results: dict) -> str:
         cells = [status(results, c, row) for c in C.COLUMNS]
         lines.append(f"| `{row.name}` | " + " | ".join(cells) + " |")
         failed += [
-            (c.name, row.name) for c, s in zip(C.COLUMNS, cells, strict=True) if s == "fails"
+            (c.name, row.name, results[f"{c.name}|{row.name}"].get("message", ""))
+            for c, s in zip(C.COLUMNS, cells, strict=True)
+            if s == "fails"
         ]
     lines += ["", "n/a: the optax holdings apply to optax transformations (the `loss_scaled`"]
     lines += ["rows and `accumulate_gradients`; `Trainer` takes an `optax.MultiSteps` as its"]
     lines += ["optimizer); a state of another configuration needs a transformation that holds one."]
     if failed:
         lines += ["", "## Failing cells", ""]
-        lines += [f"- {c} / `{r}`" for c, r in failed]
+        lines += [f"- {c} / `{r}`: {_quote(m)}" for c, r, m in failed]
     return "\n".join(lines) + "\n"
+
+
+def _quote(message: str) -> str:
+    """One line of a failure message as inline code (no table or markup)."""
+    message = message.replace("`", "'").strip() or "(no message)"
+    return f"`{message}`"
 
 
 def main() -> None:

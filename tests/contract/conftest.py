@@ -30,8 +30,16 @@ def pytest_runtest_makereport(item, call):
             "column": params["column"],
             "row": params["row"],
             "outcome": report.outcome,
-            "message": str(report.longrepr)[-600:] if report.failed else "",
+            "message": _first_line(report) if report.failed else "",
         }
+
+
+def _first_line(report) -> str:
+    """The failure's message, first line (the exception, or what pytest.fail said)."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr)
+    line = next((x for x in text.splitlines() if x.strip()), "")
+    return line.strip()[:200]
 
 
 def pytest_sessionfinish(session):
