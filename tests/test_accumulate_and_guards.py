@@ -159,6 +159,24 @@ def test_multisteps_around_loss_scaled_is_refused_at_init():
     optax.chain(optax.identity(), loss_scaled(optax.sgd(1.0))).init(p)
 
 
+def test_apply_if_finite_around_loss_scaled_is_refused_at_init():
+    """apply_if_finite drops an overflowing step before loss_scaled sees it:
+    the scale would never back off (the overflow repeats).  Refused at init,
+    naming both fixes; inside loss_scaled it is fine."""
+    p = {"w": jnp.zeros(3)}
+    for wrapped in (
+        optax.apply_if_finite(loss_scaled(optax.sgd(1.0)), max_consecutive_errors=3),
+        optax.apply_if_finite(optax.chain(loss_scaled(optax.sgd(1.0))), 3),
+    ):
+        for init in (wrapped.init, jax.jit(wrapped.init)):
+            with pytest.raises(TypeError, match=r"(?s)never backs off.*max_consecutive_overflows"):
+                init(p)
+    tx = loss_scaled(optax.apply_if_finite(optax.sgd(1.0), 3), jas.dynamic_scaler(8.0))
+    st = tx.init(p)
+    _, st = tx.update({"w": jnp.full(3, jnp.inf)}, st, p)
+    assert float(st.scale) == 4.0 and int(st.skipped_steps) == 1
+
+
 def test_multisteps_inside_updates_scale_per_micro_batch():
     """The documented other nesting: MultiSteps inside counts micro-batches."""
     tx = loss_scaled(

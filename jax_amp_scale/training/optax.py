@@ -215,13 +215,18 @@ def describe(scaler: Any) -> str:
     return f"{type(scaler).__name__}({', '.join(fields)})"
 
 
-MULTISTEPS_ERROR = (
-    "loss_scaled(...) inside optax.MultiSteps: MultiSteps keeps its accumulator as "
-    "(1 - emit) * acc, so one overflowing micro-batch leaves a NaN in it for good and "
-    "every later step is skipped. Accumulate outside the scaling instead: "
+WRAPPER_ERRORS = {
+    "optax.MultiSteps": "loss_scaled(...) inside optax.MultiSteps: MultiSteps keeps its "
+    "accumulator as (1 - emit) * acc, so one overflowing micro-batch leaves a NaN in it for "
+    "good and every later step is skipped. Accumulate outside the scaling instead: "
     "accumulate_gradients(loss_scaled(inner, ...), k) (torch's semantics), or put "
-    "MultiSteps inside: loss_scaled(optax.MultiSteps(inner, k))"
-)
+    "MultiSteps inside: loss_scaled(optax.MultiSteps(inner, k))",
+    "optax.apply_if_finite": "loss_scaled(...) inside optax.apply_if_finite: it drops an "
+    "overflowing step before loss_scaled sees it, so the scale never backs off and the "
+    "overflow repeats. loss_scaled already skips non-finite steps: drop apply_if_finite "
+    "(max_consecutive_overflows= is its max_consecutive_errors), or put it inside: "
+    "loss_scaled(optax.apply_if_finite(inner, n))",
+}
 
 
 # ------------------------------------------------------------ the wrapper
@@ -243,8 +248,9 @@ def loss_scaled(
       inner: any optax transformation or chain (extra args are forwarded).
         An ``optax.MultiSteps`` inside is allowed but updates the scale every
         micro-batch; `accumulate_gradients` outside is torch's semantics.
-        Wrapping the result in ``optax.MultiSteps`` raises ``TypeError`` at
-        ``init`` (its accumulator would keep the first overflow's NaN).
+        Wrapping the result in ``optax.MultiSteps`` (its accumulator would
+        keep the first overflow's NaN) or ``optax.apply_if_finite`` (it would
+        hide overflows from the scale) raises ``TypeError`` at ``init``.
       scaler: `dynamic_scaler()` (default, torch ``GradScaler``'s defaults),
         `static_scaler(x)`, `no_op_scaler()` or a `ScaleState`.  Its
         ``drop_overflow_update`` says whether an overflow step is skipped.
@@ -318,8 +324,9 @@ def loss_scaled(
     )
 
     def init_fn(params: Any) -> LossScaledState:
-        if callers.inside_multisteps():
-            raise TypeError(MULTISTEPS_ERROR)
+        wrapper = callers.refusing_wrapper()
+        if wrapper is not None:
+            raise TypeError(WRAPPER_ERRORS[wrapper])
         zero = functools.partial(jnp.zeros, (), jnp.int32)
         inner_state = unaliased(step.inner.init(params), params)
         return LossScaledState(fresh_copy(scaler), inner_state, zero(), zero(), zero())
