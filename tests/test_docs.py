@@ -136,12 +136,12 @@ def test_few_blocks_lean_on_the_one_before():
     }
     total = sum(len(page_blocks(page)) for page in RUNNABLE)
     assert len(marked) <= total // 4, sorted(marked)
-    # A marker must sit right above a python fence, not float in the prose.
+    # A marker (a line of its own) must sit right above a python fence.
     for page in PAGES:
         text = page.read_text()
-        assert text.count(CONTINUES) == len(
-            re.findall(re.escape(CONTINUES) + r"\n```python", text)
-        ), _page_id(page)
+        on_a_line = re.findall(rf"^{re.escape(CONTINUES)}$", text, re.M)
+        above_a_fence = re.findall(rf"^{re.escape(CONTINUES)}\n```python", text, re.M)
+        assert len(on_a_line) == len(above_a_fence), _page_id(page)
 
 
 def test_landing_page_shows_the_readmes_loop():

@@ -53,7 +53,9 @@ def from_torch_state_dict(
       state_dict: the mapping torch returns (Python numbers or 1-element
         tensors).  An empty dict (what a disabled GradScaler returns) is
         rejected.
-      dtype, shape: of the new state (torch's scale is float32).
+      dtype: the new state's scale dtype, ``jnp.float32`` by default (torch's
+        scale is float32).
+      shape: the new state's shape, ``()`` (default) or ``(1,)``.
     """
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")

@@ -52,7 +52,10 @@ def amp_update_scale(
       growth_tracker: int32 array of the same shape.
       found_inf: bool/int/float scalar (Python, NumPy or JAX; shape ``()`` or
         ``(1,)``). Nonzero or NaN means this step overflowed.
-      growth_factor, backoff_factor: Python numbers, finite and > 0 (static).
+      growth_factor: what the scale is multiplied by after `growth_interval`
+        finite steps; a Python number, finite and > 0 (static).
+      backoff_factor: what the scale is multiplied by after an overflow; a
+        Python number, finite and > 0 (static).
       growth_interval: Python int in [1, 2**31 - 1] (static).
       backend: ``"reference"`` (pure JAX, every platform), ``"ffi"`` (the
         native custom call; lowering fails clearly on a platform without a

@@ -290,7 +290,10 @@ def value_and_grad(
     Args:
       fun: returns a floating scalar loss, or ``(loss, aux)`` with ``has_aux``.
       state: where the scale lives (see the module docstring).
-      has_aux, argnums: as in `jax.value_and_grad`.
+      has_aux: whether `fun` returns ``(loss, aux)``; the aux is returned
+        unscaled beside the loss.
+      argnums: which positional argument(s) to differentiate (an int or a
+        sequence of ints), as in `jax.value_and_grad`.
       axis_name: optional mapped axis; found_inf is OR-reduced across it so
         every replica takes the same skip decision.  Gradients are not
         averaged here (``replicas.mean_gradients`` does, in `loss_scaled` and `Trainer`).
