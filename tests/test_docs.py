@@ -40,10 +40,6 @@ PAGES = sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.parts and p.na
 FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 DIRECTIVE = re.compile(r"<!--\s*docs-test:\s*(\w+)\s*(.*?)\s*-->")
 CONTINUES = "<!-- docs-test: continues -->"
-# Pages whose blocks still run in page order in one namespace, as all pages
-# did before: the training and export guides (the lead's files this round).
-# Making their blocks standalone empties this set.
-PAGE_ORDER = {"guide/training.md", "guide/export.md"}
 
 sys.path.insert(0, str(DOCS / "_ext"))
 from public_api_coverage import PUBLIC_API_MODULES, undocumented  # noqa: E402
@@ -60,8 +56,6 @@ def page_blocks(page: Path) -> list[tuple[int, str]]:
 def continues(page: Path) -> list[bool]:
     """For each ```python block: whether it goes on from the block before it."""
     text = page.read_text()
-    if _page_id(page) in PAGE_ORDER:
-        return [i > 0 for i, _ in enumerate(FENCE.finditer(text))]
     marked = []
     for m in FENCE.finditer(text):
         above = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
@@ -130,7 +124,6 @@ def test_few_blocks_lean_on_the_one_before():
     marked = {
         f"{_page_id(page)}:{line}"
         for page in RUNNABLE
-        if _page_id(page) not in PAGE_ORDER
         for (line, _), cont in zip(page_blocks(page), continues(page), strict=True)
         if cont
     }
