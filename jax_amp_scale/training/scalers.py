@@ -23,7 +23,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Hashable
-from typing import Any, NoReturn, Protocol, runtime_checkable
+from typing import Any, NoReturn, Protocol, Self, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -125,6 +125,13 @@ class _Common:
         """``(unscaled, found_inf)`` (see `jax_amp_scale.unscale_and_check`)."""
         return helpers.unscale_and_check(grads, self, backend=backend)
 
+    def update(
+        self, found_inf: Any, *, axis_name: Hashable | None = None, backend: Backend = "auto"
+    ) -> Self:
+        """A fixed scale's update: `found_inf` is checked, the scaler returned as it is."""
+        _found(found_inf, self.state, None)  # validates; the decision is unused
+        return self
+
     def adjust(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError(ADJUST_ERROR.format(cls=type(self).__name__))
 
@@ -207,12 +214,6 @@ class StaticScaler(_Common):
     state: ScaleState
     drop_overflow_update: bool = True
 
-    def update(
-        self, found_inf: Any, *, axis_name: Hashable | None = None, backend: Backend = "auto"
-    ) -> StaticScaler:
-        _found(found_inf, self.state, None)  # validates; the decision is unused
-        return self
-
 
 @dataclasses.dataclass(frozen=True)
 class NoOpScaler(_Common):
@@ -230,12 +231,6 @@ class NoOpScaler(_Common):
     @property
     def is_identity(self) -> bool:
         return True
-
-    def update(
-        self, found_inf: Any, *, axis_name: Hashable | None = None, backend: Backend = "auto"
-    ) -> NoOpScaler:
-        _found(found_inf, self.state, None)
-        return self
 
 
 # Leaves and static fields are declared once, here, and registered for
