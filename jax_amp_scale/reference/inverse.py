@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_amp_scale.reference.floats import F32, u32
+from jax_amp_scale.reference.floats import F32
 
 # The power of two a subnormal inverse is multiplied by (then divided by, in
 # the second product).  Any k with 2**-149 * 2**k normal and 2**-126 * 2**k
@@ -46,6 +46,7 @@ SUBNORMAL_SHIFT = 64
 _EXP = F32.inf_bits
 _MANT = (1 << (F32.p - 1)) - 1
 _SIGN = F32.sign_bit
+_u32 = jnp.uint32
 
 
 def _round_div_pow2(n: int, b: jax.Array) -> jax.Array:
@@ -54,14 +55,14 @@ def _round_div_pow2(n: int, b: jax.Array) -> jax.Array:
     `b` is an integer in [2**23, 2**24) and ``2**n / b < 2**24``; the long
     division runs 8 bits at a time so no intermediate reaches 2**32.
     """
-    q = lax.div(u32(1 << (n - 16)), b)
-    r = lax.rem(u32(1 << (n - 16)), b)
+    q = lax.div(_u32(1 << (n - 16)), b)
+    r = lax.rem(_u32(1 << (n - 16)), b)
     for _ in range(2):
-        t = lax.shift_left(r, u32(8))
-        q = lax.bitwise_or(lax.shift_left(q, u32(8)), lax.div(t, b))
+        t = lax.shift_left(r, _u32(8))
+        q = lax.bitwise_or(lax.shift_left(q, _u32(8)), lax.div(t, b))
         r = lax.rem(t, b)
-    twice = lax.shift_left(r, u32(1))
-    up = (twice > b) | ((twice == b) & ((q & u32(1)) == u32(1)))
+    twice = lax.shift_left(r, _u32(1))
+    up = (twice > b) | ((twice == b) & ((q & _u32(1)) == _u32(1)))
     return q + up.astype(jnp.uint32)
 
 
@@ -76,10 +77,10 @@ def inverse_scale(scale: Any) -> jax.Array:
     """
     s = jnp.asarray(scale).astype(jnp.float32)
     bits = lax.bitcast_convert_type(s, jnp.uint32)
-    sign = bits & u32(_SIGN)
-    mag = bits & u32(0x7FFFFFFF)
-    exp = lax.shift_right_logical(mag, u32(23))
-    mant = mag & u32(_MANT)
+    sign = bits & _u32(_SIGN)
+    mag = bits & _u32(0x7FFFFFFF)
+    exp = lax.shift_right_logical(mag, _u32(23))
+    mant = mag & _u32(_MANT)
     # Normal quotient: IEEE division (s normal, 1/s normal, 0, inf or NaN).
     plain = jnp.float32(1.0) / s
     # s in [2**126, 2**128): 1/s in (2**-128, 2**-126], on the grid 2**-149.
@@ -87,16 +88,16 @@ def inverse_scale(scale: Any) -> jax.Array:
     # units of 2**-149: 2**46 / B for e = 253 (s in [2**126, 2**127)), and
     # 2**45 / B for e = 254.  A result of 2**23 units is 2**-126, whose bits
     # are the same integer: no special case.
-    b = mant | u32(1 << 23)
-    sub_bits = jnp.where(exp == u32(253), _round_div_pow2(46, b), _round_div_pow2(45, b))
-    tiny_inverse = (exp == u32(253)) | (exp == u32(254))
+    b = mant | _u32(1 << 23)
+    sub_bits = jnp.where(exp == _u32(253), _round_div_pow2(46, b), _round_div_pow2(45, b))
+    tiny_inverse = (exp == _u32(253)) | (exp == _u32(254))
     # s subnormal (XLA reads it as 0): s = mant * 2**-149, 1/s = 2**149 / mant,
     # rounded once by the division (mant converts exactly) and scaled by a
     # power of two exactly (the product overflows to inf where 1/s does).
     big = (jnp.float32(2.0**100) / mant.astype(jnp.float32)) * jnp.float32(2.0**49)
     big_bits = lax.bitcast_convert_type(big, jnp.uint32)
-    plain_bits = lax.bitcast_convert_type(plain, jnp.uint32) & u32(0x7FFFFFFF)
-    subnormal_scale = (exp == u32(0)) & (mant != u32(0))
+    plain_bits = lax.bitcast_convert_type(plain, jnp.uint32) & _u32(0x7FFFFFFF)
+    subnormal_scale = (exp == _u32(0)) & (mant != _u32(0))
     out = jnp.where(tiny_inverse, sub_bits, jnp.where(subnormal_scale, big_bits, plain_bits))
     return lax.bitcast_convert_type(out | sign, jnp.float32)
 
@@ -117,12 +118,12 @@ def inverse_factors(inv: Any) -> tuple[jax.Array, jax.Array]:
     zero by XLA's arithmetic).
     """
     bits = lax.bitcast_convert_type(jnp.asarray(inv, jnp.float32), jnp.uint32)
-    mant = bits & u32(_MANT)
-    subnormal = ((bits & u32(_EXP)) == u32(0)) & (mant != u32(0))
+    mant = bits & _u32(_MANT)
+    subnormal = ((bits & _u32(_EXP)) == _u32(0)) & (mant != _u32(0))
     # mant * 2**-149 * 2**64 = mant * 2**-85: the integer converts exactly
     # and the power-of-two product is normal.
     lifted = mant.astype(jnp.float32) * jnp.float32(2.0 ** (SUBNORMAL_SHIFT - 149))
-    lifted_bits = lax.bitcast_convert_type(lifted, jnp.uint32) | (bits & u32(_SIGN))
+    lifted_bits = lax.bitcast_convert_type(lifted, jnp.uint32) | (bits & _u32(_SIGN))
     m = lax.bitcast_convert_type(jnp.where(subnormal, lifted_bits, bits), jnp.float32)
     p = jnp.where(subnormal, jnp.float32(2.0**-SUBNORMAL_SHIFT), jnp.float32(1.0))
     # XLA may not fold m * p back into one (subnormal, flushed) constant when
