@@ -171,7 +171,8 @@ class DynamicScaler(_Common):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        dtype = getattr(self.state.scale, "dtype", None)
+        # The leaves may be anything a transformation or a test puts there.
+        dtype = getattr(getattr(self.state, "scale", None), "dtype", None)
         bounds = (self.min_scale, self.max_scale, self.hysteresis, dtype)
         lo, hi, hysteresis = checked_once(_check_bounds, *bounds)
         object.__setattr__(self, "min_scale", lo)
