@@ -259,13 +259,18 @@ def _optional_bound(value: Any, name: str) -> float | None:
 
 
 def _check_bounds(
-    min_scale: Any, max_scale: Any, hysteresis: Any, dtype: Any
+    min_scale: Any, max_scale: Any, hysteresis: Any, dtype: Any, init: Any = None
 ) -> tuple[float | None, float | None, int]:
-    """`DynamicScaler`'s static fields, checked (`dtype`: the scale's, or None)."""
+    """`DynamicScaler`'s static fields, checked (`dtype`: the scale's, or None;
+    `init`: the initial scale, which must lie within the bounds)."""
     lo = _optional_bound(min_scale, "min_scale")
     hi = _optional_bound(max_scale, "max_scale")
     if lo is not None and hi is not None and lo > hi:
         raise ValueError(f"min_scale ({lo}) must be <= max_scale ({hi})")
+    if init is not None and ((lo is not None and init < lo) or (hi is not None and init > hi)):
+        raise ValueError(
+            f"init_scale ({float(init)}) must lie within [min_scale, max_scale] = [{lo}, {hi}]"
+        )
     if hi is not None and dtype is not None and hi > float(jnp.finfo(dtype).max):
         raise ValueError(f"max_scale={hi} is not finite in {jnp.dtype(dtype)}")
     if isinstance(hysteresis, bool) or not isinstance(hysteresis, numbers.Integral):
@@ -325,20 +330,9 @@ def dynamic_scaler(
         init_scale, growth_factor, backoff_factor, growth_interval, dtype, shape, rule
     )
     _warn_direction(state, growth_factor, backoff_factor)
-    lo, hi, _ = _check_bounds(min_scale, max_scale, hysteresis, state.scale.dtype)
-    init = float(init_scale)
-    if (lo is not None and init < lo) or (hi is not None and init > hi):
-        raise ValueError(
-            f"init_scale ({init}) must lie within [min_scale, max_scale] = [{lo}, {hi}]"
-        )
-    return DynamicScaler(
-        state=state,
-        hysteresis_left=jnp.full(state.scale.shape, int(hysteresis), jnp.int32),
-        min_scale=lo,
-        max_scale=hi,
-        hysteresis=int(hysteresis),
-        drop_overflow_update=drop_overflow_update,
-    )
+    lo, hi, h = _check_bounds(min_scale, max_scale, hysteresis, state.scale.dtype, init_scale)
+    left = jnp.full(state.scale.shape, h, jnp.int32)
+    return DynamicScaler(state, left, lo, hi, h, drop_overflow_update)
 
 
 def static_scaler(
