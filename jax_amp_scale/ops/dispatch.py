@@ -191,8 +191,12 @@ def plan(op: str, backend: str, operands: list[Any], attrs: dict[str, Any] | Non
     cann = have & config().cann_platforms
     if op == UPDATE_SCALE:
         a = attrs or {}
-        if backend == "auto" and not cann_serves(
-            a.get("rule", "torch"), a.get("growth_factor", 2.0), a.get("backoff_factor", 0.5)
+        if (
+            cann
+            and backend == "auto"
+            and not cann_serves(
+                a.get("rule", "torch"), a.get("growth_factor", 2.0), a.get("backoff_factor", 0.5)
+            )
         ):
             have = have - cann
     partitions = partitioning.partitions(operands)

@@ -36,18 +36,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax_amp_scale.reference.floats import F32
+
 # The power of two a subnormal inverse is multiplied by (then divided by, in
 # the second product).  Any k with 2**-149 * 2**k normal and 2**-126 * 2**k
 # < 1 works; the native code uses the same (ffi/unscale_and_check.h).
 SUBNORMAL_SHIFT = 64
 
-_EXP = 0x7F800000
-_MANT = 0x007FFFFF
-_SIGN = 0x80000000
-
-
-def _u32(v: int) -> jax.Array:
-    return jnp.uint32(v)
+_EXP = F32.inf_bits
+_MANT = (1 << (F32.p - 1)) - 1
+_SIGN = F32.sign_bit
+_u32 = jnp.uint32
 
 
 def _round_div_pow2(n: int, b: jax.Array) -> jax.Array:
@@ -129,7 +128,7 @@ def inverse_factors(inv: Any) -> tuple[jax.Array, jax.Array]:
     p = jnp.where(subnormal, jnp.float32(2.0**-SUBNORMAL_SHIFT), jnp.float32(1.0))
     # XLA may not fold m * p back into one (subnormal, flushed) constant when
     # the scale is a compile-time constant: the barrier keeps the two
-    # products apart (tests/test_inverse.py pins it).
+    # products apart (tests/test_inverse_scale.py pins it).
     return lax.optimization_barrier((m, p))  # type: ignore[no-any-return]
 
 

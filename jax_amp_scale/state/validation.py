@@ -198,7 +198,7 @@ def checked_once(check: Callable[..., T], *args: Any) -> T:
     States and scalers are rebuilt on every step and every unflatten with
     the static fields they were built with; those were checked then.
     """
-    key = (check, *((type(a), a) for a in args))
+    key = (check, args, tuple(map(type, args)))
     with contextlib.suppress(KeyError, TypeError):  # TypeError: unhashable
         return _CHECKED[key]  # type: ignore[no-any-return]
     out = check(*args)

@@ -23,7 +23,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Hashable
-from typing import Any, NoReturn, Protocol, runtime_checkable
+from typing import Any, NoReturn, Protocol, Self, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -125,6 +125,13 @@ class _Common:
         """``(unscaled, found_inf)`` (see `jax_amp_scale.unscale_and_check`)."""
         return helpers.unscale_and_check(grads, self, backend=backend)
 
+    def update(
+        self, found_inf: Any, *, axis_name: Hashable | None = None, backend: Backend = "auto"
+    ) -> Self:
+        """A fixed scale's update: `found_inf` is checked, the scaler returned as it is."""
+        _found(found_inf, self.state, None)  # validates; the decision is unused
+        return self
+
     def adjust(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError(ADJUST_ERROR.format(cls=type(self).__name__))
 
@@ -164,7 +171,8 @@ class DynamicScaler(_Common):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        dtype = getattr(self.state.scale, "dtype", None)
+        # The leaves may be anything a transformation or a test puts there.
+        dtype = getattr(getattr(self.state, "scale", None), "dtype", None)
         bounds = (self.min_scale, self.max_scale, self.hysteresis, dtype)
         lo, hi, hysteresis = checked_once(_check_bounds, *bounds)
         object.__setattr__(self, "min_scale", lo)
@@ -207,12 +215,6 @@ class StaticScaler(_Common):
     state: ScaleState
     drop_overflow_update: bool = True
 
-    def update(
-        self, found_inf: Any, *, axis_name: Hashable | None = None, backend: Backend = "auto"
-    ) -> StaticScaler:
-        _found(found_inf, self.state, None)  # validates; the decision is unused
-        return self
-
 
 @dataclasses.dataclass(frozen=True)
 class NoOpScaler(_Common):
@@ -230,12 +232,6 @@ class NoOpScaler(_Common):
     @property
     def is_identity(self) -> bool:
         return True
-
-    def update(
-        self, found_inf: Any, *, axis_name: Hashable | None = None, backend: Backend = "auto"
-    ) -> NoOpScaler:
-        _found(found_inf, self.state, None)
-        return self
 
 
 # Leaves and static fields are declared once, here, and registered for
@@ -263,13 +259,18 @@ def _optional_bound(value: Any, name: str) -> float | None:
 
 
 def _check_bounds(
-    min_scale: Any, max_scale: Any, hysteresis: Any, dtype: Any
+    min_scale: Any, max_scale: Any, hysteresis: Any, dtype: Any, init: Any = None
 ) -> tuple[float | None, float | None, int]:
-    """`DynamicScaler`'s static fields, checked (`dtype`: the scale's, or None)."""
+    """`DynamicScaler`'s static fields, checked (`dtype`: the scale's, or None;
+    `init`: the initial scale, which must lie within the bounds)."""
     lo = _optional_bound(min_scale, "min_scale")
     hi = _optional_bound(max_scale, "max_scale")
     if lo is not None and hi is not None and lo > hi:
         raise ValueError(f"min_scale ({lo}) must be <= max_scale ({hi})")
+    if init is not None and ((lo is not None and init < lo) or (hi is not None and init > hi)):
+        raise ValueError(
+            f"init_scale ({float(init)}) must lie within [min_scale, max_scale] = [{lo}, {hi}]"
+        )
     if hi is not None and dtype is not None and hi > float(jnp.finfo(dtype).max):
         raise ValueError(f"max_scale={hi} is not finite in {jnp.dtype(dtype)}")
     if isinstance(hysteresis, bool) or not isinstance(hysteresis, numbers.Integral):
@@ -347,20 +348,9 @@ def dynamic_scaler(
         init_scale, growth_factor, backoff_factor, growth_interval, dtype, shape, rule
     )
     _warn_direction(state, growth_factor, backoff_factor)
-    lo, hi, _ = _check_bounds(min_scale, max_scale, hysteresis, state.scale.dtype)
-    init = float(init_scale)
-    if (lo is not None and init < lo) or (hi is not None and init > hi):
-        raise ValueError(
-            f"init_scale ({init}) must lie within [min_scale, max_scale] = [{lo}, {hi}]"
-        )
-    return DynamicScaler(
-        state=state,
-        hysteresis_left=jnp.full(state.scale.shape, int(hysteresis), jnp.int32),
-        min_scale=lo,
-        max_scale=hi,
-        hysteresis=int(hysteresis),
-        drop_overflow_update=drop_overflow_update,
-    )
+    lo, hi, h = _check_bounds(min_scale, max_scale, hysteresis, state.scale.dtype, init_scale)
+    left = jnp.full(state.scale.shape, h, jnp.int32)
+    return DynamicScaler(state, left, lo, hi, h, drop_overflow_update)
 
 
 def static_scaler(
