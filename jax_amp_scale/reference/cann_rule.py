@@ -10,7 +10,7 @@ finite (``:86-93``, ``:147``) and casts to the scale's dtype at the store
 stored value is infinite.
 
 Here, in integer arithmetic (`floats`), mirroring ``RuleProduct`` in
-``ffi/update_scale.h``: the scale is widened to float32 bits (exact), times
+``ffi/cann_rule.h``: the scale is widened to float32 bits (exact), times
 the float32 factor by torch's rule (`product.mul_by_factor`: the exact
 product of two 24-bit significands fits float64, so it rounds once, to
 float32), and the float32 bits are rounded to the scale dtype.

@@ -4,7 +4,7 @@ Every rule (`product` for torch's, `cann_rule` for CANN's) reads and writes
 floats through these functions, with uint32/int32 ops only: no float
 arithmetic runs, so XLA:CPU's flush-to-zero of subnormals and any FMA
 contraction cannot change a result.  `encode` is the one rounding to
-nearest even of the package's Python code (``ffi/update_scale.h`` holds the
+nearest even of the package's Python code (``ffi/float_formats.h`` holds the
 C++ one).
 """
 

@@ -3,7 +3,7 @@ then to the scale's dtype, in integer arithmetic (`floats`).
 
 torch's ``_amp_update_scale_`` multiplies a float scale by a double factor.
 `mul_by_factor` gives its bits for float32, float16 and bfloat16 scales,
-mirroring ``MulByFactor`` in ``ffi/update_scale.h``, by the fastest exact
+mirroring ``MulByFactor`` in ``ffi/torch_rule.h``, by the fastest exact
 path (tests/test_fast_product.py compares them over every float16/bfloat16
 pattern and 1M+ float32 patterns):
 
