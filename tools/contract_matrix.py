@@ -38,7 +38,8 @@ known steps, checked against an independent oracle (torch's
 clipping, the plain optax step for the parameters, which must match bit for
 bit).  `lax.scan` runs 1,000 float16 steps; the eight-device cells also count
 the compiled step's collectives against the plain step's (one scalar
-all-reduce more at most).
+all-reduce more at most, and with 16-bit parameters the boolean one of the
+update check, `skip_nonfinite_updates`: {doc}`guide/multi-device`).
 
 - **works (oracle)**: parameters, scale and skipped steps equal the oracle's;
 - **error: Type**: the documented error, raised (type and message checked);
