@@ -83,28 +83,13 @@ def export(
 
     def export_checked(*args: Any, **kw: Any) -> jax_export.Exported:
         try:
-            if not whole:
-                return exporter(*args, **kw)
-            # With several devices the native calls are wrapped in
-            # custom_partitioning, whose Python partitioner cannot be
-            # serialised: trace them unwrapped.  jit's trace cache does not
-            # know that switch, so it is cleared before (a partitioned trace
-            # of `fun` may be cached) and after (so later steps partition
-            # again).
-            jax.clear_caches()
-            try:
-                with partitioning.whole_arrays():
-                    return exporter(*args, **kw)
-            finally:
-                jax.clear_caches()
+            return _traced(exporter, whole, *args, **kw)
         except (ValueError, NotImplementedError) as e:
-            # jax >= 0.7 names the report's target; older jax lowers every
-            # platform's branch, so there the report's callback branch trips
-            # jax's host-callback check first.
-            # JAX raises ValueError or NotImplementedError by version and
-            # by how the report lowers; the library says ValueError always.
-            ours = _HOST_REPORT_PREFIX in str(e) or "host_callbacks" in str(e)
-            if not ours:
+            # JAX raises ValueError or NotImplementedError by version and by
+            # how the report lowers (jax >= 0.7 names the report's target;
+            # older jax trips its host-callback check on the callback branch
+            # first); the library says ValueError always.
+            if _HOST_REPORT_PREFIX not in str(e) and "host_callbacks" not in str(e):
                 raise
             raise ValueError(
                 "jax_amp_scale.export: the step holds host reports or callbacks, which do not "
@@ -113,6 +98,22 @@ def export(
             ) from e
 
     return export_checked
+
+
+def _traced(exporter: Callable[..., Any], whole: bool, *args: Any, **kw: Any) -> Any:
+    if not whole:
+        return exporter(*args, **kw)
+    # With several devices the native calls are wrapped in custom_partitioning,
+    # whose Python partitioner cannot be serialised: trace them unwrapped.
+    # jit's trace cache does not know that switch, so it is cleared before (a
+    # partitioned trace of `fun` may be cached) and after (so later steps
+    # partition again).
+    jax.clear_caches()
+    try:
+        with partitioning.whole_arrays():
+            return exporter(*args, **kw)
+    finally:
+        jax.clear_caches()
 
 
 # Every version of the host report's target name starts so (ffi/targets.h).

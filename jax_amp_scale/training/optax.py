@@ -246,92 +246,50 @@ def loss_scaled(
 
     Args:
       inner: any optax transformation or chain (extra args are forwarded).
-        An ``optax.MultiSteps`` inside is allowed but updates the scale every
-        micro-batch; `accumulate_gradients` outside is torch's semantics.
-        Wrapping the result in ``optax.MultiSteps`` (its accumulator would
-        keep the first overflow's NaN) or ``optax.apply_if_finite`` (it would
-        hide overflows from the scale) raises ``TypeError`` at ``init``.
-      scaler: `dynamic_scaler()` (default, torch ``GradScaler``'s defaults),
-        `static_scaler(x)`, `no_op_scaler()` or a `ScaleState`.  Its
-        ``drop_overflow_update`` says whether an overflow step is skipped.
-        It decides what every step does: a state whose scaler is configured
-        otherwise raises ``ValueError`` when the step is traced.
+        ``optax.MultiSteps`` inside updates the scale every micro-batch
+        (`accumulate_gradients` outside is torch's semantics); around the
+        result, ``optax.MultiSteps`` (its accumulator would keep an
+        overflow's NaN) and ``optax.apply_if_finite`` (it would hide
+        overflows from the scale) raise ``TypeError`` at ``init``.
+      scaler: `dynamic_scaler()` (default: torch ``GradScaler``'s),
+        `static_scaler(x)`, `no_op_scaler()` or a `ScaleState`.  It decides
+        every step (its ``drop_overflow_update``: skip an overflow step); a
+        state whose scaler is configured otherwise is a ``ValueError`` when
+        the step is traced.
       axis_name: data parallelism over a mapped axis, as torch DDP: the
-        gradients are averaged over it (`replicas.mean_gradients`) and the
-        overflow flag is OR-reduced, so every replica takes the same step.
-      skip_nonfinite_updates: also skip a step whose gradients are finite but
-        whose inner update (or ``params + updates`` when `params` is given)
-        is not; the scale is not backed off.  Default None: on when some
-        parameter (without `params`: update) is 16-bit and overflow steps
-        are dropped.  A run of 10 such skips warns once (``RuntimeWarning``)
-        with the likely cause.
+        gradients are averaged over it and the overflow flag OR-reduced.
+      skip_nonfinite_updates: also skip a step whose gradients are finite
+        but whose update (or ``params + updates``) is not, without backing
+        off the scale.  None (default): on when a parameter (without
+        `params`: an update) is 16-bit and overflow steps are dropped.
       max_consecutive_overflows: None (torch: no limit) or n: the n-th
-        overflowing step in a row raises ``FloatingPointError`` on the host
-        (see `host_reports`).
-      host_reports: the host reports (default True): a ``RuntimeWarning``
-        after 50 overflowing steps in a row naming the likely causes, when a
-        dynamic scale reaches 0 or ``min_scale``, and after a run of
-        non-finite updates; the `max_consecutive_overflows` error.  They run
-        only on the steps they report, never on a plain step.  The error
-        reaches your code, when the step's result is read, as
-        ``jax.errors.JaxRuntimeError`` whose message holds
-        ``FloatingPointError: loss_scaled: ...``, on every dispatch path
-        (it takes a host callback: JAX's slower Python dispatch for that
-        step function).  False for ``jax.export`` (which cannot
-        serialize the reports): the counters stay in the state.
+        overflowing step in a row fails with ``FloatingPointError``.
+      host_reports: the host's warnings (50 overflows in a row, naming the
+        likely causes; a dynamic scale at 0 or ``min_scale``; a run of 10
+        non-finite updates) and the `max_consecutive_overflows` error, which
+        reaches your code as ``jax.errors.JaxRuntimeError`` holding
+        ``FloatingPointError: loss_scaled: ...`` on every dispatch path (by a
+        host callback).  They run only on the steps they report.  False for
+        ``jax.export``: the counters stay in the state.
       backend: the `update_scale` backend (``"auto"``, ``"reference"``,
-        ``"ffi"``); the gradient pass runs ``"auto"``, or ``"reference"``
-        when `backend` is ``"reference"``.
+        ``"ffi"``); the gradient pass is ``"reference"`` with
+        ``"reference"``, else ``"auto"``.
 
-    ``update(grads, state, params=None, **extra_args)`` expects the gradients
+    ``update(grads, state, params=None, **extra_args)`` takes the gradients
     of the *scaled* loss (``scale_loss(loss, state)``) and returns the inner
-    updates, or zeros with ``inner_state`` untouched when the step is
-    skipped.  The state is a `LossScaledState`; ``init`` returns fresh arrays
-    (donate the whole state to a jitted step).
+    updates, or zeros with ``inner_state`` untouched on a skipped step.
+    ``init`` returns a `LossScaledState` of fresh arrays: donate it whole.
     """
-    if isinstance(inner, optax.MultiSteps):
-        inner = inner.gradient_transformation()
-    if not isinstance(inner, optax.GradientTransformation):
-        raise TypeError(
-            "inner must be an optax GradientTransformation (or optax.MultiSteps), "
-            f"got {type(inner).__name__}"
-        )
-    scaler = scalers.as_scaler(scaler)
-    limit = positive_int(max_consecutive_overflows, "max_consecutive_overflows", allow_none=True)
-    guard = None
-    if skip_nonfinite_updates is not None:
-        guard = check_bool(skip_nonfinite_updates, "skip_nonfinite_updates")
-    host_reports = check_bool(host_reports, "host_reports")
-    if limit is not None and not host_reports:
-        raise ValueError(
-            "max_consecutive_overflows needs host_reports=True (it raises from a "
-            "host report); without reports, read state.consecutive_overflows instead"
-        )
-    backend = check_backend(backend)  # type: ignore[assignment]
-    dynamic = isinstance(scaler, scalers.DynamicScaler)
-    step = _Step(
-        inner=optax.with_extra_args_support(inner),
-        scaler=scaler,
+    step = _Step.build(
+        inner,
+        scaler,
         axis_name=axis_name,
-        guard=guard,
+        skip_nonfinite_updates=skip_nonfinite_updates,
+        max_consecutive_overflows=max_consecutive_overflows,
+        host_reports=host_reports,
         backend=backend,
-        on_overflow=reports.OverflowReport(
-            limit=limit, floor=scaler.min_scale if dynamic else None, dynamic=dynamic
-        )
-        if host_reports
-        else None,
-        on_nonfinite=reports.NonfiniteUpdateReport() if host_reports else None,
     )
-
-    def init_fn(params: Any) -> LossScaledState:
-        wrapper = callers.refusing_wrapper()
-        if wrapper is not None:
-            raise TypeError(WRAPPER_ERRORS[wrapper])
-        zero = functools.partial(jnp.zeros, (), jnp.int32)
-        inner_state = unaliased(step.inner.init(params), params)
-        return LossScaledState(fresh_copy(scaler), inner_state, zero(), zero(), zero())
-
-    return LossScaled(init_fn, step.update)
+    return LossScaled(step.init, step.update)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,6 +303,63 @@ class _Step:
     backend: Backend
     on_overflow: reports.OverflowReport | None  # None: host_reports=False
     on_nonfinite: reports.NonfiniteUpdateReport | None
+
+    @classmethod
+    def build(
+        cls,
+        inner: Any,
+        scaler: Any,
+        *,
+        axis_name: Hashable | None,
+        skip_nonfinite_updates: bool | None,
+        max_consecutive_overflows: int | None,
+        host_reports: bool,
+        backend: Backend,
+    ) -> _Step:
+        """The options checked once (`loss_scaled`'s arguments)."""
+        if isinstance(inner, optax.MultiSteps):
+            inner = inner.gradient_transformation()
+        if not isinstance(inner, optax.GradientTransformation):
+            raise TypeError(
+                "inner must be an optax GradientTransformation (or optax.MultiSteps), "
+                f"got {type(inner).__name__}"
+            )
+        scaler = scalers.as_scaler(scaler)
+        limit = positive_int(
+            max_consecutive_overflows, "max_consecutive_overflows", allow_none=True
+        )
+        guard = None
+        if skip_nonfinite_updates is not None:
+            guard = check_bool(skip_nonfinite_updates, "skip_nonfinite_updates")
+        if check_bool(host_reports, "host_reports"):
+            dynamic = isinstance(scaler, scalers.DynamicScaler)
+            floor = scaler.min_scale if dynamic else None
+            on_overflow = reports.OverflowReport(limit=limit, floor=floor, dynamic=dynamic)
+            on_nonfinite: reports.NonfiniteUpdateReport | None = reports.NonfiniteUpdateReport()
+        elif limit is not None:
+            raise ValueError(
+                "max_consecutive_overflows needs host_reports=True (it raises from a "
+                "host report); without reports, read state.consecutive_overflows instead"
+            )
+        else:
+            on_overflow, on_nonfinite = None, None  # type: ignore[assignment]
+        return cls(
+            inner=optax.with_extra_args_support(inner),
+            scaler=scaler,
+            axis_name=axis_name,
+            guard=guard,
+            backend=check_backend(backend),  # type: ignore[arg-type]
+            on_overflow=on_overflow,
+            on_nonfinite=on_nonfinite,
+        )
+
+    def init(self, params: Any) -> LossScaledState:
+        wrapper = callers.refusing_wrapper()
+        if wrapper is not None:
+            raise TypeError(WRAPPER_ERRORS[wrapper])
+        zero = functools.partial(jnp.zeros, (), jnp.int32)
+        inner_state = unaliased(self.inner.init(params), params)
+        return LossScaledState(fresh_copy(self.scaler), inner_state, zero(), zero(), zero())
 
     @property
     def pass_backend(self) -> Backend:
