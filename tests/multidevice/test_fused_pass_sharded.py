@@ -49,16 +49,6 @@ def _is_scalar(hlo_type):
     return re.fullmatch(r"\(?\w+\[\](\{\})?\)?", hlo_type) is not None
 
 
-@pytest.fixture(params=[True, False], ids=["shardy", "gspmd"])
-def partitioner(request):
-    old = jax.config.jax_use_shardy_partitioner
-    jax.config.update("jax_use_shardy_partitioner", request.param)
-    jax.clear_caches()
-    yield request.param
-    jax.config.update("jax_use_shardy_partitioner", old)
-    jax.clear_caches()
-
-
 def _grads(bad=None):
     rng = np.random.default_rng(3)
     out = []

@@ -78,16 +78,6 @@ def _is_scalar_all_reduce(collective):
     return op == "all-reduce" and all(t.endswith("[]") for t in types.split(", "))
 
 
-@pytest.fixture(params=[True, False], ids=["shardy", "gspmd"])
-def partitioner(request):
-    old = jax.config.jax_use_shardy_partitioner
-    jax.config.update("jax_use_shardy_partitioner", request.param)
-    jax.clear_caches()
-    yield request.param
-    jax.config.update("jax_use_shardy_partitioner", old)
-    jax.clear_caches()
-
-
 def _problem():
     rng = np.random.default_rng(0)
     params = {}
