@@ -10,6 +10,7 @@ The pages' ```python blocks run as tests: ``python -m pytest tests/test_docs.py`
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -80,3 +81,19 @@ html_theme_options = {
     "source_repository": "",
     "navigation_with_keys": True,
 }
+
+
+# A dataclass's generated __init__ has no source for autodoc_preserve_defaults
+# to read, so its defaults print as repr(): "<class 'jax.numpy.float32'>".
+# Show them as written in code.
+_DTYPE_REPR = re.compile(r"<class '(?:jax\.numpy|numpy)\.(\w+)'>")
+
+
+def _dtypes_as_written(app, what, name, obj, options, signature, return_annotation):
+    if signature:
+        signature = _DTYPE_REPR.sub(r"jnp.\1", signature)
+    return signature, return_annotation
+
+
+def setup(app):
+    app.connect("autodoc-process-signature", _dtypes_as_written)

@@ -192,3 +192,19 @@ def test_no_bare_powers_in_prose():
             if not in_fence and bare.search(prose):
                 found.append(f"{page.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not found, "write powers as code (`2**15`):\n" + "\n".join(found)
+
+
+def test_signatures_show_dtypes_as_written_in_code():
+    """A dataclass's generated signature prints its dtype defaults as
+    jnp.float32, not "<class 'jax.numpy.float32'>" (docs/conf.py)."""
+    import inspect
+
+    import jax_amp_scale as jas
+
+    spec = importlib.util.spec_from_file_location("docs_conf", DOCS / "conf.py")
+    conf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conf)
+    raw = str(inspect.signature(jas.Policy))
+    assert "<class 'jax.numpy.float32'>" in raw  # what autodoc would print
+    shown, _ = conf._dtypes_as_written(None, "class", "Policy", jas.Policy, {}, raw, None)
+    assert "= jnp.float32" in shown and "<class" not in shown
