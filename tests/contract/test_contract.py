@@ -178,6 +178,7 @@ def apply_if_finite(row):
 
 
 def flax_train_state(row):
+    pytest.importorskip("flax", reason="the test-frameworks extra")
     from flax.training import train_state
 
     def step(ts, batch):
@@ -197,6 +198,7 @@ def flax_train_state(row):
 
 
 def nnx_optimizer(row):
+    pytest.importorskip("flax", reason="the test-frameworks extra")
     from flax import nnx
 
     class Linear(nnx.Module):
@@ -229,6 +231,7 @@ def nnx_optimizer(row):
 
 
 def equinox_filter_jit(row):
+    pytest.importorskip("equinox", reason="the test-frameworks extra")
     import equinox as eqx
 
     class Linear(eqx.Module):
