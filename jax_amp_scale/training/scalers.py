@@ -23,7 +23,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Hashable
-from typing import Any, NoReturn, Protocol, Self, runtime_checkable
+from typing import Any, NoReturn, Protocol, TypeVar, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +51,7 @@ from jax_amp_scale.state.validation import (
 from jax_amp_scale.training import _export, helpers
 
 PyTree = Any
+_Fixed = TypeVar("_Fixed", bound="_Common")  # typing.Self is 3.11+
 
 ADJUST_ERROR = (
     "{cls}.adjust does not exist here: jmp's adjust(grads_finite) takes True for a GOOD "
@@ -126,8 +127,12 @@ class _Common:
         return helpers.unscale_and_check(grads, self, backend=backend)
 
     def update(
-        self, found_inf: Any, *, axis_name: Hashable | None = None, backend: Backend = "auto"
-    ) -> Self:
+        self: _Fixed,
+        found_inf: Any,
+        *,
+        axis_name: Hashable | None = None,
+        backend: Backend = "auto",
+    ) -> _Fixed:
         """A fixed scale's update: `found_inf` is checked, the scaler returned as it is."""
         _found(found_inf, self.state, None)  # validates; the decision is unused
         return self
