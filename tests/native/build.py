@@ -36,15 +36,33 @@ def build_dir() -> Path:
     return ROOT / "build" / f"tests-{kind}-{sys.implementation.cache_tag}"
 
 
-def _run(cmd: list[str]) -> None:
+def _attempt(cmd: list[str]) -> subprocess.CompletedProcess[str]:
     # The sanitizer job preloads the ASan runtime into Python; the compiler
     # needs none of it.
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
-    if res.returncode != 0:
-        raise RuntimeError(
-            f"building {MODULE} failed: {' '.join(cmd)}\n{res.stdout[-4000:]}{res.stderr[-4000:]}"
-        )
+    return subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+
+
+def _failure(res: subprocess.CompletedProcess[str]) -> str:
+    """What a failed build printed, the failing command's part first (the
+    header warnings after it can run to thousands of lines)."""
+    out = res.stdout + res.stderr
+    at = out.find("FAILED:")
+    failed = out[at : at + 6000] if at >= 0 else ""
+    return f"exit {res.returncode}\n{failed}\n[...]\n{out[-3000:]}"
+
+
+def _run(cmd: list[str], tries: int = 1) -> None:
+    """Runs `cmd`; a build (`tries` 2) runs once more, one job at a time,
+    when it fails: CI once saw `ar` fail with no message, mid-suite, where
+    the same build succeeds alone."""
+    failures = []
+    for n in range(tries):
+        res = _attempt(cmd if n == 0 else [*cmd[:-2], "-j", "1"])
+        if res.returncode == 0:
+            return
+        failures.append(_failure(res))
+    raise RuntimeError(f"building {MODULE} failed: {' '.join(cmd)}\n" + "\n---\n".join(failures))
 
 
 def build() -> Path:
@@ -70,7 +88,7 @@ def build() -> Path:
     if not (out / "CMakeCache.txt").exists() and shutil.which("ninja"):
         cmd += ["-G", "Ninja"]
     _run(cmd)
-    _run([cmake, "--build", str(out), "--target", MODULE, "-j", str(os.cpu_count() or 2)])
+    _run([cmake, "--build", str(out), "--target", MODULE, "-j", str(os.cpu_count() or 2)], tries=2)
     path = out / f"{MODULE}{sysconfig.get_config_var('EXT_SUFFIX')}"
     if not path.exists():
         raise RuntimeError(f"building {MODULE} produced no {path}")
