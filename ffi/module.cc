@@ -1,5 +1,5 @@
 // nanobind module _native_cpu: capsules for the CPU handlers (the Python
-// side, jax_amp_scale/platforms/native.py, registers them with XLA) and the
+// side, jax_amp_scale/platforms/handlers.py, registers them with XLA) and the
 // XLA FFI API version they were compiled against.
 #include <nanobind/nanobind.h>
 

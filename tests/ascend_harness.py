@@ -134,16 +134,16 @@ def ascend_on_cpu() -> Iterator[None]:
     inside keep that path; trace afresh after leaving.
     """
     from jax_amp_scale.ops import dispatch
-    from jax_amp_scale.platforms import registry
+    from jax_amp_scale.platforms import handlers
 
     register_test_binding()
     mod = testing()
     with dispatch.configured(
-        auto_native={op: frozenset({"cpu"}) for op in registry.OPERATORS},
+        auto_native={op: frozenset({"cpu"}) for op in handlers.OPERATORS},
         cann_platforms=frozenset({"cpu"}),
         targets={
-            registry.UPDATE_SCALE: str(mod.TEST_TARGET),
-            registry.UNSCALE_AND_CHECK: str(mod.UNSCALE_TEST_TARGET),
+            handlers.UPDATE_SCALE: str(mod.TEST_TARGET),
+            handlers.UNSCALE_AND_CHECK: str(mod.UNSCALE_TEST_TARGET),
         },
     ):
         yield

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from jax_amp_scale import amp_update_scale
-from jax_amp_scale.platforms import native
+from jax_amp_scale.platforms import handlers
 
 BUILT = importlib.util.find_spec("jax_amp_scale._native_cuda") is not None
 
@@ -36,7 +36,7 @@ def test_cuda_module_is_built_where_nvcc_exists():
     import jax_amp_scale._native_cuda as mod
 
     assert set(mod.registrations()) == {"jas_update_scale_v2"}
-    assert "cuda" in native.platforms("update_scale")
+    assert "cuda" in handlers.platforms("update_scale")
 
 
 def test_import_without_cuda_module_still_works():
@@ -44,8 +44,8 @@ def test_import_without_cuda_module_still_works():
     script = (
         "import sys, json; sys.modules['jax_amp_scale._native_cuda'] = None\n"
         "import jax_amp_scale\n"
-        "from jax_amp_scale.platforms import native\n"
-        "print(json.dumps([sorted(native.platforms('update_scale')), native.load_errors()]))"
+        "from jax_amp_scale.platforms import handlers\n"
+        "print(json.dumps([sorted(handlers.platforms('update_scale')), handlers.load_errors()]))"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     platforms, errors = json.loads(out.stdout.strip().splitlines()[-1])

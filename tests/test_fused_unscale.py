@@ -11,11 +11,11 @@ from jax.sharding import PartitionSpec
 
 import jax_amp_scale as jas
 from jax_amp_scale.lowering import gradient_pass as _fused
-from jax_amp_scale.platforms import native
+from jax_amp_scale.platforms import handlers
 from tests.jax_compat import BEFORE_0_7, LOWERS_EVERY_BRANCH, export_for, set_mesh
 
 pytestmark = pytest.mark.skipif(
-    "cpu" not in native.platforms("unscale_and_check"), reason="native CPU module not built"
+    "cpu" not in handlers.platforms("unscale_and_check"), reason="native CPU module not built"
 )
 
 UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}

@@ -19,7 +19,7 @@ import pytest
 import jax_amp_scale as jas
 from jax_amp_scale.ops import host_report
 from jax_amp_scale.optax import loss_scaled
-from jax_amp_scale.platforms import native
+from jax_amp_scale.platforms import handlers
 
 # JAX raises a failed call as JaxRuntimeError, or as ValueError from its C++
 # dispatch path (a cached jit call that ran inline).
@@ -29,7 +29,7 @@ CALLBACK = "xla_ffi_python_cpu_callback"
 
 
 def _native() -> bool:
-    return "cpu" in native.platforms("host_report")
+    return "cpu" in handlers.platforms("host_report")
 
 
 needs_native = pytest.mark.skipif(not _native(), reason="the native CPU module is not loaded here")
@@ -96,7 +96,7 @@ def test_an_exception_becomes_the_steps_error_with_its_message():
 
 @needs_native
 def test_the_handler_checks_its_operands():
-    target = native.target("host_report")
+    target = handlers.target("host_report")
 
     def call(*operands, shape=()):
         out = jax.ShapeDtypeStruct(shape, jnp.bool_)

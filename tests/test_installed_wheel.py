@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import jax_amp_scale as jas
-from jax_amp_scale.platforms import native
+from jax_amp_scale.platforms import handlers
 
 PACKAGE = pathlib.Path(jas.__file__).resolve().parent
 
@@ -53,7 +53,7 @@ def test_typed_package():
 
 
 def test_native_cpu_module_serves_auto():
-    assert "cpu" not in native.load_errors(), native.load_errors()
+    assert "cpu" not in handlers.load_errors(), handlers.load_errors()
     assert jas.available_backends("cpu") == ("reference", "ffi")
     assert jas.auto_backend("cpu") == "ffi"
 

@@ -13,7 +13,7 @@ import importlib.util
 
 import pytest
 
-from jax_amp_scale.platforms import native
+from jax_amp_scale.platforms import handlers
 
 # The module attributes naming the targets each module hands out a capsule
 # for: exactly those, under their versioned names (ffi/targets.h).
@@ -31,10 +31,10 @@ def test_target_names_and_registrations(name):
         pytest.skip(f"{name} was not built here")
     mod = importlib.import_module(f"jax_amp_scale.{name}")
     # One spelling: the names the package registers are the modules' own.
-    assert mod.UPDATE_SCALE_TARGET == native.target("update_scale") == "jas_update_scale_v2"
-    assert native.target("unscale_and_check") == mod.UNSCALE_AND_CHECK_TARGET
-    assert native.target("unscale_and_check") == "jas_unscale_and_check_v1"
-    assert native.target("host_report") == "jas_host_report_v1"
+    assert mod.UPDATE_SCALE_TARGET == handlers.target("update_scale") == "jas_update_scale_v2"
+    assert handlers.target("unscale_and_check") == mod.UNSCALE_AND_CHECK_TARGET
+    assert handlers.target("unscale_and_check") == "jas_unscale_and_check_v1"
+    assert handlers.target("host_report") == "jas_host_report_v1"
     if MODULES[name] is None:
         assert not hasattr(mod, "registrations")
         return

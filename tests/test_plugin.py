@@ -65,7 +65,7 @@ def fake_plugin(tmp_path_factory) -> Path:
 _FAKE = """
 import ctypes, json, os
 from jax_amp_scale import plugin, _native_plugin
-from jax_amp_scale.platforms import native, pjrt, ascend as _ascend
+from jax_amp_scale.platforms import handlers, pjrt, ascend as _ascend
 path = os.environ["FAKE_PJRT"]
 out = {}
 try:
@@ -73,7 +73,7 @@ try:
     api = _native_plugin.api_from_library(path)
     out["route"] = pjrt.register_in_api(api, "ascend")
     out["again"] = pjrt.register_in_api(api, "ascend")
-    out["platforms"] = sorted(native.platforms('update_scale'))
+    out["platforms"] = sorted(handlers.platforms('update_scale'))
     import jax_amp_scale as jas
     out["available"] = jas.available_backends("ascend")
     out["auto"] = jas.auto_backend("ascend")
@@ -141,7 +141,7 @@ def test_a_library_that_is_not_a_pjrt_plugin(tmp_path):
 _CHECKED = """
 import ctypes, json, os
 from jax_amp_scale import plugin
-from jax_amp_scale.platforms import native
+from jax_amp_scale.platforms import handlers
 path = os.environ["FAKE_PJRT"]
 out = {}
 for platform in ("ascend", "cpu", "no_such_platform"):
@@ -150,7 +150,7 @@ for platform in ("ascend", "cpu", "no_such_platform"):
         out[platform] = "registered"
     except plugin.PluginRegistrationError as e:
         out[platform] = str(e)
-out["platforms"] = sorted(native.platforms("update_scale"))
+out["platforms"] = sorted(handlers.platforms("update_scale"))
 lib = ctypes.CDLL(path)
 lib.fake_pjrt_log.restype = ctypes.c_char_p
 out["log"] = lib.fake_pjrt_log().decode().splitlines()
@@ -160,7 +160,7 @@ print(json.dumps(out))
 
 def test_a_library_jax_did_not_load_for_the_platform_is_refused(fake_plugin):
     # The issue: any PJRT library was accepted for any platform (then
-    # native.platforms() listed it).  Without the escape hatch a library must
+    # handlers.platforms() listed it).  Without the escape hatch a library must
     # be the plugin JAX loaded for that platform; JAX runs no 'ascend' plugin
     # here, and 'cpu' is not a PJRT plugin at all.
     out = _run(_CHECKED, FAKE_PJRT=str(fake_plugin), FAKE_PJRT_MODE="typed", JAX_PLATFORMS="cpu")
@@ -212,7 +212,7 @@ _REAL = """
 import json, os
 import jax
 from jax_amp_scale import plugin, _native_cpu, _native_plugin
-from jax_amp_scale.platforms import native, pjrt
+from jax_amp_scale.platforms import handlers, pjrt
 path = os.environ["CUDA_PLUGIN"]
 out = {}
 api = _native_plugin.api_from_library(path)
@@ -224,7 +224,7 @@ except plugin.PluginRegistrationError as e:
 # A real plugin binary used as a double on a platform JAX does not run.
 out["route"] = pjrt.register_in_api(api, "ascend")
 out["again"] = pjrt.register_in_api(api, "ascend")
-out["platforms"] = sorted(native.platforms('update_scale'))
+out["platforms"] = sorted(handlers.platforms('update_scale'))
 try:
     pjrt.register_in_api(api, "ascend",
                          handler=_native_cpu.registrations()["jas_update_scale_v2"])
@@ -274,7 +274,7 @@ def test_automatic_registration_at_the_first_trace_on_a_running_plugin():
         import jax
         import jax_amp_scale as jas
         from jax_amp_scale import plugin
-        from jax_amp_scale.platforms import native
+        from jax_amp_scale.platforms import handlers
         before = plugin.registrations()  # importing registers nothing
         # JAX_PLATFORMS=cpu keeps JAX from running CUDA on this GPU-less
         # machine; report the discovered plugin as running so that the first
@@ -283,8 +283,8 @@ def test_automatic_registration_at_the_first_trace_on_a_running_plugin():
         jax.devices = lambda backend=None: ["gpu0"] if backend == "cuda" else devices(backend)
         jax.jit(lambda s: jas.update_scale(s, False))(jas.init_scale_state())
         print(json.dumps({"before": before, "routes": plugin.registrations(),
-                          "platforms": sorted(native.platforms("update_scale")),
-                          "errors": native.load_errors()}))
+                          "platforms": sorted(handlers.platforms("update_scale")),
+                          "errors": handlers.load_errors()}))
         """,
         JAX_PLATFORMS="cpu",
         JAX_AMP_SCALE_PLUGIN_PLATFORMS="cuda",
@@ -306,11 +306,11 @@ def test_jax_ffi_route_when_the_plugin_python_side_forwards():
         xla_client.register_custom_call_handler(
             "FORWARDING_TEST", lambda name, fn, *rest, **kw: seen.append(name))
         from jax_amp_scale import plugin
-        from jax_amp_scale.platforms import native
+        from jax_amp_scale.platforms import handlers
         route = plugin.register(platform="forwarding_test", registry_platform="FORWARDING_TEST")
         again = plugin.register(platform="forwarding_test", registry_platform="FORWARDING_TEST")
         print(json.dumps({"route": route, "again": again, "seen": seen,
-                          "platforms": sorted(native.platforms("update_scale"))}))
+                          "platforms": sorted(handlers.platforms("update_scale"))}))
         """,
         JAX_PLATFORMS="cpu",
     )
@@ -327,11 +327,11 @@ def test_failed_automatic_registration_is_kept_not_raised():
         sys.modules["jax_amp_scale._native_cuda"] = None  # as where it was not built
         import jax, jax.numpy as jnp
         import jax_amp_scale as jas
-        from jax_amp_scale.platforms import native
+        from jax_amp_scale.platforms import handlers
         devices = jax.devices
         jax.devices = lambda backend=None: ["gpu0"] if backend == "cuda" else devices(backend)
         state = jax.jit(lambda s: jas.update_scale(s, True))(jas.init_scale_state(8.0))
-        print(json.dumps({"scale": float(state.scale), "errors": native.load_errors()}))
+        print(json.dumps({"scale": float(state.scale), "errors": handlers.load_errors()}))
         """,
         JAX_PLATFORMS="cpu",
         JAX_AMP_SCALE_PLUGIN_PLATFORMS="cuda",

@@ -111,10 +111,10 @@ def test_cann_rule_refuses_factors_not_finite_nonzero_in_float32(gf, bf):
 
 def test_cpu_handler_rejects_an_unknown_rule_attribute():
     from jax_amp_scale.lowering.update_scale import call_native
-    from jax_amp_scale.platforms import native
+    from jax_amp_scale.platforms import handlers
 
-    target = native.target(backends.UPDATE_SCALE)
-    native.platforms(backends.UPDATE_SCALE)  # registers the CPU handler
+    target = handlers.target(backends.UPDATE_SCALE)
+    handlers.platforms(backends.UPDATE_SCALE)  # registers the CPU handler
     s = jnp.ones((1,), jnp.float32)
     t = jnp.zeros((1,), jnp.int32)
     f = jnp.zeros((1,), bool)
@@ -307,8 +307,8 @@ def test_bfloat16_subnormal_factor_products_agree():
 def test_auto_plan_on_ascend_follows_the_rule(monkeypatch, rule, gf, bf, ascend_native):
     # With a handler registered for "ascend", "auto" runs it only where the
     # operator gives the state's rule, and always with the guard after it.
-    monkeypatch.setattr(backends.native, "platforms", lambda op: frozenset({"cpu", "ascend"}))
-    monkeypatch.setattr(backends.native, "target", lambda op: "jas_update_scale")
+    monkeypatch.setattr(backends.handlers, "platforms", lambda op: frozenset({"cpu", "ascend"}))
+    monkeypatch.setattr(backends.handlers, "target", lambda op: "jas_update_scale")
     x = jnp.zeros((1,), jnp.float16)
     attrs = {"rule": rule, "growth_factor": gf, "backoff_factor": bf}
     p = backends.plan(backends.UPDATE_SCALE, "auto", [x], attrs)

@@ -20,14 +20,14 @@ import jax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax_amp_scale.platforms import registry
+from jax_amp_scale.platforms import handlers
 from jax_amp_scale.state.tree import varying_axes
 
 _HINTS = {
-    registry.UPDATE_SCALE: "register one with jax_amp_scale.plugin.register(platform=...)",
-    registry.UNSCALE_AND_CHECK: "the fused pass has native handlers on CPU and Ascend",
+    handlers.UPDATE_SCALE: "register one with jax_amp_scale.plugin.register(platform=...)",
+    handlers.UNSCALE_AND_CHECK: "the fused pass has native handlers on CPU and Ascend",
 }
-_WHAT = {registry.UPDATE_SCALE: "", registry.UNSCALE_AND_CHECK: "fused unscale-and-check "}
+_WHAT = {handlers.UPDATE_SCALE: "", handlers.UNSCALE_AND_CHECK: "fused unscale-and-check "}
 
 
 def _vary(x: jax.Array, axes: frozenset[Any]) -> jax.Array:
@@ -60,7 +60,7 @@ batching.primitive_batchers[_unavailable_p] = lambda args, dims, op: (
 
 
 def _unavailable_lowering(ctx: Any, *args: Any, op: str) -> Any:
-    have_set = registry.platforms(op)
+    have_set = handlers.registered_platforms(op)
     missing = [p for p in ctx.module_context.platforms if p.lower() not in have_set]
     if not missing:
         # Older jax lowers every platform_dependent branch; this one is dead

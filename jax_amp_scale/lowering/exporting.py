@@ -31,13 +31,13 @@ import jax
 from jax import export as jax_export
 
 from jax_amp_scale.lowering import partitioning
-from jax_amp_scale.platforms import native, registry
+from jax_amp_scale.platforms import handlers
 
 
 def exportable_targets() -> tuple[str, ...]:
     """Every FFI target name of this library that a serialized program may
     call, sorted."""
-    return tuple(sorted(native.served_targets()))
+    return tuple(sorted(handlers.served_targets()))
 
 
 def register_handlers() -> None:
@@ -46,8 +46,8 @@ def register_handlers() -> None:
     Running a deserialized artifact that calls them needs this first in a
     process that has not run a library step yet; `deserialize` does it.
     """
-    for op in registry.OPERATORS:
-        native.platforms(op)
+    for op in handlers.OPERATORS:
+        handlers.platforms(op)
 
 
 def export(

@@ -28,7 +28,7 @@ from jax_amp_scale.lowering.custom_call import (
     with_reference_rules,
 )
 from jax_amp_scale.lowering.partitioning import elementwise_pass
-from jax_amp_scale.platforms import registry
+from jax_amp_scale.platforms import handlers
 from jax_amp_scale.reference.gradient_pass import leaf_finite
 from jax_amp_scale.state.validation import nonzero_bits
 
@@ -178,7 +178,7 @@ def unscale_and_check_native(
 
     def other(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
         out = reference(inv, leaves)  # typed like the native branch
-        return unavailable(registry.UNSCALE_AND_CHECK, out) if strict else out
+        return unavailable(handlers.UNSCALE_AND_CHECK, out) if strict else out
 
     # Each device runs the pass on its shards; the flag is OR-reduced (partitioning.py).
     native = with_reference_rules(elementwise_pass(_calls(target)), reference)

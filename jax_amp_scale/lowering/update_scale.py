@@ -11,7 +11,7 @@ import numpy as np
 
 from jax_amp_scale.lowering.custom_call import per_platform, unavailable, vary_like
 from jax_amp_scale.lowering.partitioning import per_element
-from jax_amp_scale.platforms import registry
+from jax_amp_scale.platforms import handlers
 from jax_amp_scale.reference.floats import FORMATS
 
 # One update of (scale, tracker, found): the reference bound to a state's attributes.
@@ -106,7 +106,7 @@ def update_scale_native(
     def other(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
         if fallback is not None:
             return fallback(s, t, f)
-        return unavailable(registry.UPDATE_SCALE, (s, t))  # type: ignore[no-any-return]
+        return unavailable(handlers.UPDATE_SCALE, (s, t))  # type: ignore[no-any-return]
 
     guarded = frozenset(guarded)
     overrides = {p: native_guarded for p in native_on if p in guarded}

@@ -23,11 +23,11 @@ from typing import Any, NamedTuple
 import jax
 
 from jax_amp_scale.lowering import partitioning
-from jax_amp_scale.platforms import native, registry
+from jax_amp_scale.platforms import handlers
 from jax_amp_scale.reference.floats import power_of_two_exponent
 
-UPDATE_SCALE = registry.UPDATE_SCALE
-UNSCALE_AND_CHECK = registry.UNSCALE_AND_CHECK
+UPDATE_SCALE = handlers.UPDATE_SCALE
+UNSCALE_AND_CHECK = handlers.UNSCALE_AND_CHECK
 
 _ASCEND = frozenset({"ascend", "npu"})
 
@@ -64,7 +64,7 @@ class DispatchConfig:
     targets: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        unknown = (set(self.auto_native) | set(self.targets)) - set(registry.OPERATORS)
+        unknown = (set(self.auto_native) | set(self.targets)) - set(handlers.OPERATORS)
         if unknown:
             raise ValueError(f"DispatchConfig: unknown operators {sorted(unknown)}")
         object.__setattr__(self, "auto_native", _frozen(self.auto_native))
@@ -148,7 +148,7 @@ def _auto_prefers(op: str, platform: str) -> bool:
 
 
 def _target(op: str) -> str:
-    return config().targets.get(op) or native.target(op)
+    return config().targets.get(op) or handlers.target(op)
 
 
 def host_report_plan(backend: str) -> tuple[frozenset[str], str | None]:
@@ -156,8 +156,8 @@ def host_report_plan(backend: str) -> tuple[frozenset[str], str | None]:
     none for ``"reference"`` (pure JAX throughout) or without the native module."""
     if backend == "reference":
         return frozenset(), None
-    on = native.platforms(registry.HOST_REPORT)
-    return on, (_target(registry.HOST_REPORT) if on else None)
+    on = handlers.platforms(handlers.HOST_REPORT)
+    return on, (_target(handlers.HOST_REPORT) if on else None)
 
 
 def available_backends(platform: str | None = None, op: str = UPDATE_SCALE) -> tuple[str, ...]:
@@ -168,7 +168,7 @@ def available_backends(platform: str | None = None, op: str = UPDATE_SCALE) -> t
 
 
 def platform_has_native(op: str, platform: str) -> bool:
-    return platform in native.platforms(op)
+    return platform in handlers.platforms(op)
 
 
 def auto_backend(platform: str | None = None, op: str = UPDATE_SCALE) -> str:
@@ -187,7 +187,7 @@ def plan(op: str, backend: str, operands: list[Any], attrs: dict[str, Any] | Non
     """
     if backend == "reference":
         return Plan("reference", frozenset())
-    have = native.platforms(op)
+    have = handlers.platforms(op)
     cann = have & config().cann_platforms
     if op == UPDATE_SCALE:
         a = attrs or {}

@@ -16,7 +16,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-from jax_amp_scale.platforms import registry
+from jax_amp_scale.platforms import handlers
 
 
 class CannLoadError(RuntimeError):
@@ -44,9 +44,9 @@ def load_cann() -> dict[str, str]:
         raise CannLoadError(str(e)) from None
 
 
-def handler_capsule(op: str = registry.UPDATE_SCALE) -> Any:
+def handler_capsule(op: str = handlers.UPDATE_SCALE) -> Any:
     """The production XLA FFI handler of `op` (binds ``PlatformStream<aclrtStream>``):
     ``aclnnAmpUpdateScale`` for update-scale, ``aclnnForeachNonFiniteCheckAndUnscale``
     for the fused gradient pass."""
     mod = native()
-    return mod.registrations()[registry.module_targets(mod)[op]]
+    return mod.registrations()[handlers.module_targets(mod)[op]]

@@ -17,8 +17,8 @@ on that platform, and ``backend="auto"`` prefers it on Ascend.  Without a
 call, the first `update_scale` or `unscale_and_check` traced in a process
 whose JAX runs one of the platforms named in ``$JAX_AMP_SCALE_PLUGIN_PLATFORMS``
 (comma separated; default ``ascend,npu``) registers it (see
-`jax_amp_scale.platforms.native`); a failure there is kept in
-``jax_amp_scale.platforms.native.load_errors()`` instead of raised.
+`jax_amp_scale.platforms.handlers`); a failure there is kept in
+``jax_amp_scale.platforms.handlers.load_errors()`` instead of raised.
 Importing the package touches no plugin.  The two JAX internals a
 registration reads are isolated in `jax_amp_scale.platforms.jax_internals`
 (why, which JAX versions, what happens without them).
@@ -32,7 +32,7 @@ import os
 import threading
 from typing import Any
 
-from jax_amp_scale.platforms import jax_internals, registry
+from jax_amp_scale.platforms import handlers, jax_internals
 
 __all__ = ["PluginRegistrationError", "register", "register_in_api", "registrations"]
 
@@ -62,7 +62,7 @@ def _capsule_pointer(capsule: Any, name: bytes | None) -> int:
     return int(get(capsule, name))
 
 
-def _default_handler(platform: str, op: str = registry.UPDATE_SCALE) -> Any:
+def _default_handler(platform: str, op: str = handlers.UPDATE_SCALE) -> Any:
     if platform in ("cuda", "gpu"):
         try:
             mod = importlib.import_module("jax_amp_scale._native_cuda")
@@ -71,7 +71,7 @@ def _default_handler(platform: str, op: str = registry.UPDATE_SCALE) -> Any:
                 "the CUDA handler was not built (jax_amp_scale._native_cuda is "
                 f"missing: {e}); rebuild with a CUDA compiler on PATH"
             ) from None
-        return mod.registrations()[registry.module_targets(mod)[registry.UPDATE_SCALE]]
+        return mod.registrations()[handlers.module_targets(mod)[handlers.UPDATE_SCALE]]
     from jax_amp_scale.platforms import ascend
 
     return ascend.handler_capsule(op)
@@ -164,8 +164,8 @@ def register(
         return _register(platform, None, reg_platform, handler, target)
     try:
         if library_path is not None:
-            native = importlib.import_module("jax_amp_scale._native_plugin")
-            api = native.api_from_library(os.fspath(library_path))
+            plugin_module = importlib.import_module("jax_amp_scale._native_plugin")
+            api = plugin_module.api_from_library(os.fspath(library_path))
             _check_is_loaded_plugin(platform, os.fspath(library_path), api)
         else:
             api = loaded_plugin_api(platform)
@@ -198,17 +198,17 @@ def _register(
     platform: str, api: int | None, reg_platform: str, handler: Any, target: str | None
 ) -> str:
     """Registers through ``jax.ffi`` (`api` None) or the PJRT C API at `api`."""
-    targets = registry.module_targets(importlib.import_module("jax_amp_scale._native_cpu"))
+    targets = handlers.module_targets(importlib.import_module("jax_amp_scale._native_cpu"))
     if handler is None and target is None and platform not in ("cuda", "gpu"):
         # Ascend: the fused gradient pass too (aclnnForeachNonFiniteCheckAndUnscale).
         _register(
             platform,
             api,
             reg_platform,
-            _default_handler(platform, registry.UNSCALE_AND_CHECK),
-            targets[registry.UNSCALE_AND_CHECK],
+            _default_handler(platform, handlers.UNSCALE_AND_CHECK),
+            targets[handlers.UNSCALE_AND_CHECK],
         )
-    target = targets[registry.UPDATE_SCALE] if target is None else str(target)
+    target = targets[handlers.UPDATE_SCALE] if target is None else str(target)
     op = {v: k for k, v in targets.items()}.get(target)
     capsule = handler if handler is not None else _default_handler(platform)
     handler_address = _capsule_pointer(capsule, None)
@@ -224,7 +224,7 @@ def _register(
                     f"in this plugin; not replacing it with 0x{handler_address:x}"
                 )
             if op is not None:
-                registry.mark_registered(op, platform)
+                handlers.mark_registered(op, platform)
             return _routes[platform]
         if api is None:
             import jax
@@ -241,7 +241,7 @@ def _register(
         _done[key] = handler_address
         _routes[platform] = route
     if op is not None:
-        registry.mark_registered(op, platform)
+        handlers.mark_registered(op, platform)
     return route
 
 

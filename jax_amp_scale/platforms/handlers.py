@@ -1,4 +1,8 @@
-"""Loads the native handlers on first use: no work and no JAX hook at import.
+"""The native handlers: which runs on which lowering platform, loaded on first use.
+
+One table for both operators (and the host report): XLA FFI capsules from
+the native modules, registered under the target names the modules define
+(ffi/targets.h).  Importing this module does no work and sets no JAX hook.
 
 The built-in modules (``_native_cpu`` required, ``_native_cuda`` where it was
 built) register their capsules the first time a layer above asks which
@@ -23,17 +27,83 @@ import sys
 import threading
 import warnings
 from types import ModuleType
+from typing import Any
 
 import jax
 
-from jax_amp_scale.platforms import pjrt, registry
+# The operators that have native handlers, by the name the layers above use.
+UPDATE_SCALE = "update_scale"
+UNSCALE_AND_CHECK = "unscale_and_check"
+OPERATORS: tuple[str, ...] = (UPDATE_SCALE, UNSCALE_AND_CHECK)
+# The host report (lowering/host_report.py): native on CPU, never exported.
+HOST_REPORT = "host_report"
+
+# Lowering platform name (as `lax.platform_dependent` and `jax.export` spell
+# it) -> the name `jax.ffi.register_ffi_target` wants.
+XLA_PLATFORM = {"cpu": "cpu", "cuda": "CUDA", "rocm": "ROCM"}
+
+# The native module attribute holding each operator's FFI target name.
+_TARGET_ATTRIBUTE = {
+    UPDATE_SCALE: "UPDATE_SCALE_TARGET",
+    UNSCALE_AND_CHECK: "UNSCALE_AND_CHECK_TARGET",
+    HOST_REPORT: "HOST_REPORT_TARGET",
+}
+
+# One lock for the table and the loading (which writes the table).
+_lock = threading.RLock()
+_handlers: dict[str, set[str]] = {op: set() for op in (*OPERATORS, HOST_REPORT)}
+_load_errors: dict[str, str] = {}
+_targets: dict[str, str] = {}
+
+
+def module_targets(mod: Any) -> dict[str, str]:
+    """``{operator: FFI target name}`` as native module `mod` defines them
+    (the host report's included)."""
+    return {
+        op: str(getattr(mod, attr)) for op, attr in _TARGET_ATTRIBUTE.items() if hasattr(mod, attr)
+    }
+
+
+def registered_target(op: str) -> str:
+    """The FFI target name of `op` (e.g. ``"jas_update_scale_v2"``), as recorded."""
+    with _lock:
+        return _targets[op]
+
+
+def register_capsule(op: str, platform: str, capsule: Any) -> None:
+    """Registers `capsule` with XLA as `op`'s handler on `platform` (idempotent)."""
+    platform = platform.lower()
+    with _lock:
+        if platform in _handlers[op]:
+            return
+        jax.ffi.register_ffi_target(
+            registered_target(op), capsule, platform=XLA_PLATFORM.get(platform, platform)
+        )
+        _handlers[op].add(platform)
+
+
+def mark_registered(op: str, platform: str) -> None:
+    """Records a handler registered by other means (the PJRT C API)."""
+    with _lock:
+        _handlers[op].add(platform.lower())
+
+
+def registered_platforms(op: str) -> frozenset[str]:
+    """Lowering platforms with a handler registered so far for `op` (no loading)."""
+    with _lock:
+        return frozenset(_handlers[op])
+
+
+def record_load_error(platform: str, message: str) -> None:
+    with _lock:
+        _load_errors[platform] = message
+
 
 _DEFAULT_PLUGIN_PLATFORMS = ("ascend", "npu")
 # User switch: never load the compiled modules (every operator runs the
 # pure-JAX reference; the automatic plugin registration is skipped too).
 DISABLE_ENV = "JAX_AMP_SCALE_DISABLE_NATIVE"
 
-_lock = threading.Lock()
 _builtins_loaded = False
 _plugins_tried: set[str] = set()
 
@@ -45,12 +115,13 @@ def _import(module: str) -> ModuleType:
 def register_module(mod: ModuleType, platform: str) -> None:
     """Registers every handler `mod` hands out for `platform`, under the
     versioned target names the module defines (ffi/targets.h)."""
-    names = registry.module_targets(mod)
-    registry.set_target_names(names)
+    names = module_targets(mod)
+    with _lock:
+        _targets.update(names)
     capsules = mod.registrations()
     for op, name in names.items():
         if name in capsules:
-            registry.register_capsule(op, platform, capsules[name])
+            register_capsule(op, platform, capsules[name])
 
 
 def native_disabled() -> bool:
@@ -79,13 +150,13 @@ def _load_builtins() -> None:
     _builtins_loaded = True  # one try (and at most one warning) per process
     if native_disabled():
         _unavailable = f"the native modules are turned off by {DISABLE_ENV}=1"
-        registry.record_load_error("cpu", _unavailable)
+        record_load_error("cpu", _unavailable)
         return
     try:  # built with every install; missing only from a broken or foreign one
         cpu = _import("_native_cpu")
     except ImportError as e:
         _unavailable = f"the compiled module jax_amp_scale._native_cpu could not be loaded ({e})"
-        registry.record_load_error("cpu", _unavailable)
+        record_load_error("cpu", _unavailable)
         warnings.warn(
             f"jax_amp_scale: {_unavailable}. Every operator runs the pure-JAX reference "
             'backend (backend="auto" picks it; the results are the same bits, only the '
@@ -100,7 +171,7 @@ def _load_builtins() -> None:
     try:  # optional: built only where CMake found a working CUDA compiler
         register_module(_import("_native_cuda"), "cuda")
     except ImportError as e:
-        registry.record_load_error("cuda", f"_native_cuda: {e}")
+        record_load_error("cuda", f"_native_cuda: {e}")
 
 
 def plugin_platforms() -> tuple[str, ...]:
@@ -127,10 +198,14 @@ def _register_plugins() -> None:
         _plugins_tried.add(platform)  # JAX's backends do not change once running
         if not _backend_running(platform):
             continue
+        # pjrt registers through this module's table: imported here, at
+        # first use, so that neither module needs the other while loading.
+        from jax_amp_scale.platforms import pjrt
+
         try:
             pjrt.register(platform=platform)
         except Exception as e:  # kept for load_errors(); "auto" takes the reference
-            registry.record_load_error(platform, f"automatic plugin registration: {e}")
+            record_load_error(platform, f"automatic plugin registration: {e}")
 
 
 def platforms(op: str) -> frozenset[str]:
@@ -138,7 +213,7 @@ def platforms(op: str) -> frozenset[str]:
     with _lock:
         _load_builtins()
         _register_plugins()
-    return registry.platforms(op)
+    return registered_platforms(op)
 
 
 def target(op: str) -> str:
@@ -150,7 +225,7 @@ def target(op: str) -> str:
             f"jax_amp_scale: backend='ffi' needs the native handlers, but {_unavailable}; "
             "use backend='auto' or 'reference'"
         )
-    return registry.target(op)
+    return registered_target(op)
 
 
 def served_targets() -> frozenset[str]:
@@ -158,11 +233,13 @@ def served_targets() -> frozenset[str]:
     program of this library may call)."""
     with _lock:
         _load_builtins()
-    return registry.served_targets()
+    with _lock:
+        return frozenset(name for op, name in _targets.items() if op in OPERATORS)
 
 
 def load_errors() -> dict[str, str]:
     """Why an optional native module or plugin registration did not load."""
     with _lock:
         _load_builtins()
-    return registry.load_errors()
+    with _lock:
+        return dict(_load_errors)
