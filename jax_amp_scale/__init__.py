@@ -11,7 +11,7 @@ import importlib as _importlib
 
 from jax_amp_scale._version import __version__ as __version__
 from jax_amp_scale.ops.dispatch import auto_backend, available_backends
-from jax_amp_scale.ops.update_scale import amp_update_scale, update_scale
+from jax_amp_scale.ops.operators import amp_update_scale, update_scale
 from jax_amp_scale.state.scale_state import ScaleState, init_scale_state
 from jax_amp_scale.training.helpers import (
     all_finite,

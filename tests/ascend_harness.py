@@ -27,8 +27,8 @@ import jax.numpy as jnp
 
 from jax_amp_scale.lowering.gradient_pass import cann_fused_pass
 from jax_amp_scale.lowering.update_scale import call_native, refuse_infinite_growth
+from jax_amp_scale.ops.operators import found_to_bool
 from jax_amp_scale.reference.gradient_pass import reference_pass
-from jax_amp_scale.state.validation import found_to_bool
 
 # A subprocess started by a test reuses the parent's build through this.
 _PATH_VAR = "JAS_ASCEND_TESTING_MODULE"

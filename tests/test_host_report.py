@@ -17,7 +17,7 @@ import optax
 import pytest
 
 import jax_amp_scale as jas
-from jax_amp_scale.ops import host_report
+from jax_amp_scale.ops import operators as host_report
 from jax_amp_scale.optax import loss_scaled
 from jax_amp_scale.platforms import handlers
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import jax_amp_scale as jas
-from jax_amp_scale.ops.gradient_pass import unscale_and_check_leaves
+from jax_amp_scale.ops.operators import unscale_and_check_leaves
 from jax_amp_scale.reference.inverse import inverse_factors, inverse_scale
 from tests.jax_compat import enable_x64
 

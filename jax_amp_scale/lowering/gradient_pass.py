@@ -30,7 +30,7 @@ from jax_amp_scale.lowering.custom_call import (
 from jax_amp_scale.lowering.partitioning import elementwise_pass
 from jax_amp_scale.platforms import handlers
 from jax_amp_scale.reference.gradient_pass import leaf_finite
-from jax_amp_scale.state.validation import nonzero_bits
+from jax_amp_scale.state.tree import nonzero_bits
 
 Pass = Callable[[jax.Array, list[jax.Array]], tuple[jax.Array, list[jax.Array]]]
 

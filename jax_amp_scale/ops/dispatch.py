@@ -18,7 +18,7 @@ import contextvars
 import dataclasses
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import jax
 
@@ -30,6 +30,15 @@ UPDATE_SCALE = handlers.UPDATE_SCALE
 UNSCALE_AND_CHECK = handlers.UNSCALE_AND_CHECK
 
 _ASCEND = frozenset({"ascend", "npu"})
+
+Backend = Literal["auto", "reference", "ffi"]
+BACKENDS: tuple[str, ...] = ("auto", "reference", "ffi")
+
+
+def check_backend(backend: Any) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return str(backend)
 
 
 def _frozen(table: Mapping[str, Any], value: Any = frozenset) -> Mapping[str, Any]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +20,6 @@ from jax_amp_scale.state.validation import (
     check_growth_interval,
     check_rule,
     check_rule_factor,
-    checked_once,
 )
 
 # Torch GradScaler's defaults, which are also jmp's and MindSpore's choices
@@ -178,3 +179,23 @@ def init_scale_state(
         growth_interval=growth_interval,
         rule=rule,
     )
+
+
+T = TypeVar("T")
+# Results of `checked_once`, by check and by its arguments' types and values.
+_CHECKED: dict[tuple[Any, ...], Any] = {}
+
+
+def checked_once(check: Callable[..., T], *args: Any) -> T:
+    """``check(*args)``, run once per distinct (hashable) arguments.
+
+    States and scalers are rebuilt on every step and every unflatten with
+    the static fields they were built with; those were checked then.
+    """
+    key = (check, args, tuple(map(type, args)))
+    with contextlib.suppress(KeyError, TypeError):  # TypeError: unhashable
+        return _CHECKED[key]  # type: ignore[no-any-return]
+    out = check(*args)
+    with contextlib.suppress(TypeError):
+        _CHECKED[key] = out
+    return out

@@ -56,3 +56,30 @@ def select(flag: Any, on_true: Any, on_false: Any) -> jax.Array:
     as one ``lax.select`` (``jnp.where`` stages a nested jit for every leaf)."""
     on_false = jnp.asarray(on_false)  # optax allows Python scalars in a state
     return jax.lax.select(jnp.asarray(flag), typed_as(on_true, on_false), on_false)
+
+
+# Bit masks of everything but the sign, per float width: a float is "found"
+# when any of these bits is set (nonzero, subnormal, inf or NaN).  Comparing
+# with `!= 0` instead would let XLA:CPU's denormals-are-zero read a subnormal
+# found_inf as zero under jit, and as nonzero eagerly.
+_MAGNITUDE_BITS = {
+    2: (np.uint16, 0x7FFF),
+    4: (np.uint32, 0x7FFFFFFF),
+    8: (np.uint64, (1 << 63) - 1),
+}
+
+
+def nonzero_bits(x: jax.Array) -> jax.Array:
+    """`x != 0` read from the bits: subnormals and NaN count, -0.0 does not.
+
+    Exact under jit on every backend (no float comparison, so no
+    flush-to-zero); bool and integer arrays compare as usual.
+    """
+    dtype = jnp.dtype(x.dtype)
+    if dtype == jnp.bool_:
+        return x
+    if not jnp.issubdtype(dtype, jnp.floating):
+        return x != 0
+    uint, mask = _MAGNITUDE_BITS[dtype.itemsize]
+    bits = jax.lax.bitcast_convert_type(x, uint)
+    return (bits & jnp.asarray(mask, uint)) != 0

@@ -7,11 +7,10 @@ Python number), so nothing below validates again.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
-from collections.abc import Callable, Collection
-from typing import Any, Literal, TypeVar
+from collections.abc import Collection
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,102 +21,13 @@ import numpy as np
 SCALE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 INT32_MAX = 2**31 - 1
 RULES: tuple[str, ...] = ("torch", "cann")
-
-Backend = Literal["auto", "reference", "ffi"]
-BACKENDS: tuple[str, ...] = ("auto", "reference", "ffi")
 SHAPES: tuple[tuple[int, ...], ...] = ((), (1,))
-T = TypeVar("T")
-
-# Bit masks of everything but the sign, per float width: a float is "found"
-# when any of these bits is set (nonzero, subnormal, inf or NaN).  Comparing
-# with `!= 0` instead would let XLA:CPU's denormals-are-zero read a subnormal
-# found_inf as zero under jit, and as nonzero eagerly.
-_MAGNITUDE_BITS = {
-    2: (np.uint16, 0x7FFF),
-    4: (np.uint32, 0x7FFFFFFF),
-    8: (np.uint64, (1 << 63) - 1),
-}
-
-
-def check_backend(backend: Any) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    return str(backend)
 
 
 def check_bool(value: Any, name: str) -> bool:
     if not isinstance(value, bool | np.bool_):
         raise TypeError(f"{name} must be True or False, got {value!r}")
     return bool(value)
-
-
-def check_scale(x: Any, name: str) -> jax.Array:
-    dtype = getattr(x, "dtype", None)
-    if dtype is None:
-        raise TypeError(
-            f"{name} must be a float32/float16/bfloat16 array of shape () or (1,), "
-            f"got {type(x).__name__}"
-        )
-    if jnp.dtype(dtype) not in SCALE_DTYPES:
-        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {jnp.dtype(dtype).name}")
-    if tuple(x.shape) not in SHAPES:
-        raise ValueError(f"{name} must have shape () or (1,), got {tuple(x.shape)}")
-    return jnp.asarray(x)
-
-
-def check_tracker(x: Any, shape: tuple[int, ...], name: str) -> jax.Array:
-    dtype = getattr(x, "dtype", None)
-    if dtype is None or jnp.dtype(dtype) != jnp.int32:
-        got = jnp.dtype(dtype).name if dtype is not None else type(x).__name__
-        raise TypeError(f"{name} must be an int32 array, got {got}")
-    if tuple(x.shape) != shape:
-        raise ValueError(f"{name} must have the shape of the scale {shape}, got {tuple(x.shape)}")
-    return jnp.asarray(x)
-
-
-def nonzero_bits(x: jax.Array) -> jax.Array:
-    """`x != 0` read from the bits: subnormals and NaN count, -0.0 does not.
-
-    Exact under jit on every backend (no float comparison, so no
-    flush-to-zero); bool and integer arrays compare as usual.
-    """
-    dtype = jnp.dtype(x.dtype)
-    if dtype == jnp.bool_:
-        return x
-    if not jnp.issubdtype(dtype, jnp.floating):
-        return x != 0
-    uint, mask = _MAGNITUDE_BITS[dtype.itemsize]
-    bits = jax.lax.bitcast_convert_type(x, uint)
-    return (bits & jnp.asarray(mask, uint)) != 0
-
-
-def found_to_bool(found_inf: Any, shape: tuple[int, ...]) -> jax.Array:
-    """found_inf (any bool/int/float scalar) -> bool array of `shape`.
-
-    Nonzero, subnormal and NaN mean overflow; +0.0 and -0.0 do not, read
-    from the bits in every path (eager, jit, vmap).
-    """
-    if isinstance(found_inf, bool | numbers.Number) and not isinstance(found_inf, complex):
-        return jnp.full(shape, bool(found_inf != 0))  # Python arithmetic: exact
-    dtype = getattr(found_inf, "dtype", None)
-    if dtype is None:
-        raise TypeError(
-            f"found_inf must be a bool, int or float scalar, got {type(found_inf).__name__}"
-        )
-    dtype = jnp.dtype(dtype)
-    if not (
-        dtype == jnp.bool_
-        or jnp.issubdtype(dtype, jnp.integer)
-        or jnp.issubdtype(dtype, jnp.floating)
-    ):
-        raise TypeError(f"found_inf must have a bool, integer or float dtype, got {dtype.name}")
-    if tuple(found_inf.shape) not in SHAPES:
-        raise ValueError(
-            f"found_inf must be a scalar (shape () or (1,)), got shape {tuple(found_inf.shape)}"
-        )
-    if isinstance(found_inf, np.ndarray | np.generic):  # host value: NumPy is exact
-        return jnp.full(shape, bool(np.asarray(found_inf).reshape(()) != 0))
-    return nonzero_bits(jnp.asarray(found_inf)).reshape(shape)
 
 
 def _static(value: Any, name: str, kind: type, what: str, allowed: str) -> Any:
@@ -186,22 +96,3 @@ def check_dtype(
     if dt not in allowed:
         raise TypeError(f"{name} must be {words}, got {dt.name}")
     return dt
-
-
-# Results of `checked_once`, by check and by its arguments' types and values.
-_CHECKED: dict[tuple[Any, ...], Any] = {}
-
-
-def checked_once(check: Callable[..., T], *args: Any) -> T:
-    """``check(*args)``, run once per distinct (hashable) arguments.
-
-    States and scalers are rebuilt on every step and every unflatten with
-    the static fields they were built with; those were checked then.
-    """
-    key = (check, args, tuple(map(type, args)))
-    with contextlib.suppress(KeyError, TypeError):  # TypeError: unhashable
-        return _CHECKED[key]  # type: ignore[no-any-return]
-    out = check(*args)
-    with contextlib.suppress(TypeError):
-        _CHECKED[key] = out
-    return out

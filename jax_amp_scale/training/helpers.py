@@ -19,13 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_amp_scale.ops.gradient_pass import unscale_and_check_leaves
-from jax_amp_scale.ops.update_scale import or_across
+from jax_amp_scale.ops.dispatch import Backend, check_backend
+from jax_amp_scale.ops.operators import or_across, unscale_and_check_leaves
 from jax_amp_scale.reference.gradient_pass import leaf_finite, unscale_leaf
 from jax_amp_scale.reference.inverse import inverse_scale
 from jax_amp_scale.state.scale_state import ScaleState
 from jax_amp_scale.state.tree import compute_dtype, instances, is_float_leaf
-from jax_amp_scale.state.validation import Backend, check_backend
 
 PyTree = Any
 

@@ -34,11 +34,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jax_amp_scale.ops import host_report
-from jax_amp_scale.ops.update_scale import or_across
+from jax_amp_scale.ops.dispatch import Backend, check_backend
+from jax_amp_scale.ops.operators import or_across, report
 from jax_amp_scale.state.scale_state import ScaleState
 from jax_amp_scale.state.tree import instances, is_float_leaf, select
-from jax_amp_scale.state.validation import Backend, check_backend, check_bool
+from jax_amp_scale.state.validation import check_bool
 from jax_amp_scale.training import _export, callers, helpers, replicas, reports, scalers
 
 
@@ -422,7 +422,7 @@ class _Step:
                 # callback as JaxRuntimeError always (at the cost of JAX's
                 # Python dispatch path for this step).
                 route = "reference" if self.on_overflow.limit is not None else self.pass_backend
-                seen = host_report.report(self.on_overflow, found, scale, overflows, backend=route)
+                seen = report(self.on_overflow, found, scale, overflows, backend=route)
                 skip = skip & seen  # seen is found: True in this branch
             return skip
 
@@ -431,7 +431,7 @@ class _Step:
                 return jnp.bool_(False)
             if self.on_nonfinite is None:
                 return bad
-            return host_report.report(self.on_nonfinite, bad, total, backend=self.pass_backend)
+            return report(self.on_nonfinite, bad, total, backend=self.pass_backend)
 
         return jax.lax.cond(found, overflow, finite)
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import jax
 
-from jax_amp_scale.ops.update_scale import or_across
+from jax_amp_scale.ops.operators import or_across
 from jax_amp_scale.state.tree import varying_axes
 
 PyTree = Any

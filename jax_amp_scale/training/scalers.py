@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_amp_scale.ops.update_scale import or_across, update_scale
+from jax_amp_scale.ops.dispatch import Backend
+from jax_amp_scale.ops.operators import found_to_bool, or_across, update_scale
 from jax_amp_scale.state.scale_state import (
     DEFAULT_BACKOFF_FACTOR,
     DEFAULT_GROWTH_FACTOR,
@@ -37,16 +38,14 @@ from jax_amp_scale.state.scale_state import (
     DEFAULT_INIT_SCALE,
     DEFAULT_RULE,
     ScaleState,
+    checked_once,
     init_scale_state,
 )
 from jax_amp_scale.state.validation import (
     INT32_MAX,
-    Backend,
     check_bool,
     check_dtype,
     check_factor,
-    checked_once,
-    found_to_bool,
 )
 from jax_amp_scale.training import _export, helpers
 

@@ -1,29 +1,92 @@
-"""`amp_update_scale` and `update_scale`: validate, ask for a plan, run it."""
+"""The operators: check the raw inputs, ask `dispatch` for a plan, run it.
+
+`update_scale` and `amp_update_scale` (one loss-scale update), the gradient
+pass over leaves the training layer picked out, and `report` (a Python
+function run on the host from inside a step).  Each runs the plan
+`dispatch` gives: the pure-JAX reference, or the native custom call.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable
+import numbers
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from jax_amp_scale.lowering import host_report
+from jax_amp_scale.lowering.gradient_pass import unscale_and_check_native
 from jax_amp_scale.lowering.update_scale import update_scale_native
 from jax_amp_scale.ops import dispatch
+from jax_amp_scale.ops.dispatch import Backend, check_backend
+from jax_amp_scale.reference.gradient_pass import reference_pass
 from jax_amp_scale.reference.update_scale import update_scale_reference
 from jax_amp_scale.state.scale_state import DEFAULT_RULE, STATIC_FIELDS, ScaleState
+from jax_amp_scale.state.tree import nonzero_bits
 from jax_amp_scale.state.validation import (
-    Backend,
-    check_backend,
+    SCALE_DTYPES,
+    SHAPES,
     check_factor,
     check_growth_interval,
     check_rule,
     check_rule_factor,
-    check_scale,
-    check_tracker,
-    found_to_bool,
 )
+
+
+def check_scale(x: Any, name: str) -> jax.Array:
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        raise TypeError(
+            f"{name} must be a float32/float16/bfloat16 array of shape () or (1,), "
+            f"got {type(x).__name__}"
+        )
+    if jnp.dtype(dtype) not in SCALE_DTYPES:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {jnp.dtype(dtype).name}")
+    if tuple(x.shape) not in SHAPES:
+        raise ValueError(f"{name} must have shape () or (1,), got {tuple(x.shape)}")
+    return jnp.asarray(x)
+
+
+def check_tracker(x: Any, shape: tuple[int, ...], name: str) -> jax.Array:
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or jnp.dtype(dtype) != jnp.int32:
+        got = jnp.dtype(dtype).name if dtype is not None else type(x).__name__
+        raise TypeError(f"{name} must be an int32 array, got {got}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have the shape of the scale {shape}, got {tuple(x.shape)}")
+    return jnp.asarray(x)
+
+
+def found_to_bool(found_inf: Any, shape: tuple[int, ...]) -> jax.Array:
+    """found_inf (any bool/int/float scalar) -> bool array of `shape`.
+
+    Nonzero, subnormal and NaN mean overflow; +0.0 and -0.0 do not, read
+    from the bits in every path (eager, jit, vmap).
+    """
+    if isinstance(found_inf, bool | numbers.Number) and not isinstance(found_inf, complex):
+        return jnp.full(shape, bool(found_inf != 0))  # Python arithmetic: exact
+    dtype = getattr(found_inf, "dtype", None)
+    if dtype is None:
+        raise TypeError(
+            f"found_inf must be a bool, int or float scalar, got {type(found_inf).__name__}"
+        )
+    dtype = jnp.dtype(dtype)
+    if not (
+        dtype == jnp.bool_
+        or jnp.issubdtype(dtype, jnp.integer)
+        or jnp.issubdtype(dtype, jnp.floating)
+    ):
+        raise TypeError(f"found_inf must have a bool, integer or float dtype, got {dtype.name}")
+    if tuple(found_inf.shape) not in SHAPES:
+        raise ValueError(
+            f"found_inf must be a scalar (shape () or (1,)), got shape {tuple(found_inf.shape)}"
+        )
+    if isinstance(found_inf, np.ndarray | np.generic):  # host value: NumPy is exact
+        return jnp.full(shape, bool(np.asarray(found_inf).reshape(()) != 0))
+    return nonzero_bits(jnp.asarray(found_inf)).reshape(shape)
 
 
 def or_across(found: jax.Array, axis_name: Hashable | None) -> jax.Array:
@@ -152,3 +215,30 @@ def update_scale(
     attrs = {name: getattr(state, name) for name in STATIC_FIELDS}
     scale, tracker = update_scale_checked(scale, tracker, found, attrs, chosen, axis_name)
     return dataclasses.replace(state, scale=scale, growth_tracker=tracker)
+
+
+def unscale_and_check_leaves(
+    inv: jax.Array, leaves: list[jax.Array], backend: str
+) -> tuple[jax.Array, list[jax.Array]]:
+    """``(found_inf, unscaled)`` for nonempty floating `leaves`; `backend` checked."""
+    plan = dispatch.plan(dispatch.UNSCALE_AND_CHECK, backend, leaves)
+    if plan.mode == "reference":
+        return reference_pass(inv, leaves)
+    return unscale_and_check_native(
+        inv,
+        leaves,
+        target=plan.target,
+        native_on=plan.platforms,
+        reference=reference_pass,
+        strict=plan.mode == "strict",
+        cann_platforms=plan.cann_platforms,
+    )
+
+
+def report(fn: Callable[..., None], flag: Any, *values: Any, backend: str = "auto") -> jax.Array:
+    """`flag` (bool), after ``fn(flag, *values)`` ran on the host, with flat
+    NumPy arrays, wherever some element of `flag` is true.  Use the result
+    (it keeps the report in the program).  `backend` ``"reference"`` takes
+    ``jax.debug.callback`` on every platform."""
+    native_on, target = dispatch.host_report_plan(backend)
+    return host_report.report(fn, flag, *values, native_on=native_on, target=target)
