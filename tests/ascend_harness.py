@@ -25,8 +25,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_amp_scale.lowering.gradient_pass import cann_fused_pass
-from jax_amp_scale.lowering.update_scale import call_native, refuse_infinite_growth
+from jax_amp_scale.lowering.ffi_calls import (
+    call_native,
+    cann_fused_pass,
+    refuse_infinite_growth,
+)
 from jax_amp_scale.ops.operators import found_to_bool
 from jax_amp_scale.reference.gradient_pass import reference_pass
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_amp_scale.lowering.gradient_pass import cann_one_call
+from jax_amp_scale.lowering.ffi_calls import cann_one_call
 from jax_amp_scale.reference.gradient_pass import reference_pass
 from tests import ascend_harness
 from tests.jax_compat import enable_x64

@@ -10,7 +10,7 @@ from jax import export
 from jax.sharding import PartitionSpec
 
 import jax_amp_scale as jas
-from jax_amp_scale.lowering import gradient_pass as _fused
+from jax_amp_scale.lowering import ffi_calls as _fused
 from jax_amp_scale.platforms import handlers
 from tests.jax_compat import BEFORE_0_7, LOWERS_EVERY_BRANCH, export_for, set_mesh
 

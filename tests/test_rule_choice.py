@@ -110,7 +110,7 @@ def test_cann_rule_refuses_factors_not_finite_nonzero_in_float32(gf, bf):
 
 
 def test_cpu_handler_rejects_an_unknown_rule_attribute():
-    from jax_amp_scale.lowering.update_scale import call_native
+    from jax_amp_scale.lowering.ffi_calls import call_native
     from jax_amp_scale.platforms import handlers
 
     target = handlers.target(backends.UPDATE_SCALE)

@@ -1,6 +1,7 @@
 """The XLA FFI lowering: custom calls to the native handlers, per platform.
 
-`custom_call` holds the machinery both operators share (per-platform
-branches, shard_map varying axes, vmap/jvp rules, the "unavailable" error);
-`update_scale` and `gradient_pass` are the two custom calls.
+`custom_call` holds the machinery every call shares (per-platform
+branches, shard_map varying axes, vmap/jvp rules, the "unavailable" error),
+`partitioning` runs the operators' calls per shard, `ffi_calls` holds the
+three custom calls, `exporting` lets `jax.export` serialize them.
 """

@@ -58,7 +58,7 @@ class DispatchConfig:
         (aclnnAmpUpdateScale, aclnnForeachNonFiniteCheckAndUnscale).  The
         update-scale kernel computes rule "cann" without the library's
         guard, so there the result passes through the guard
-        (`lowering.update_scale.refuse_infinite_growth`), and a rule "torch"
+        (`lowering.ffi_calls.refuse_infinite_growth`), and a rule "torch"
         state runs natively only when both factors are powers of two exact
         in float32 (`cann_serves`; "auto" plans the reference for any
         other).  The fused pass there takes the operator's calling
@@ -161,7 +161,7 @@ def _target(op: str) -> str:
 
 
 def host_report_plan(backend: str) -> tuple[frozenset[str], str | None]:
-    """``(platforms, target)`` of the native host report (`lowering.host_report`):
+    """``(platforms, target)`` of the native host report (`lowering.ffi_calls.report`):
     none for ``"reference"`` (pure JAX throughout) or without the native module."""
     if backend == "reference":
         return frozenset(), None

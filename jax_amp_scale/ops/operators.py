@@ -17,9 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_amp_scale.lowering import host_report
-from jax_amp_scale.lowering.gradient_pass import unscale_and_check_native
-from jax_amp_scale.lowering.update_scale import update_scale_native
+from jax_amp_scale.lowering import ffi_calls
 from jax_amp_scale.ops import dispatch
 from jax_amp_scale.ops.dispatch import Backend, check_backend
 from jax_amp_scale.reference.gradient_pass import reference_pass
@@ -168,7 +166,7 @@ def update_scale_checked(
     def reference(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
         return update_scale_reference(s, t, f, **attrs)
 
-    return update_scale_native(
+    return ffi_calls.update_scale_native(
         scale,
         tracker,
         found,
@@ -224,7 +222,7 @@ def unscale_and_check_leaves(
     plan = dispatch.plan(dispatch.UNSCALE_AND_CHECK, backend, leaves)
     if plan.mode == "reference":
         return reference_pass(inv, leaves)
-    return unscale_and_check_native(
+    return ffi_calls.unscale_and_check_native(
         inv,
         leaves,
         target=plan.target,
@@ -241,4 +239,4 @@ def report(fn: Callable[..., None], flag: Any, *values: Any, backend: str = "aut
     (it keeps the report in the program).  `backend` ``"reference"`` takes
     ``jax.debug.callback`` on every platform."""
     native_on, target = dispatch.host_report_plan(backend)
-    return host_report.report(fn, flag, *values, native_on=native_on, target=target)
+    return ffi_calls.report(fn, flag, *values, native_on=native_on, target=target)

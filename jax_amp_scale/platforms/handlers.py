@@ -35,7 +35,7 @@ import jax
 UPDATE_SCALE = "update_scale"
 UNSCALE_AND_CHECK = "unscale_and_check"
 OPERATORS: tuple[str, ...] = (UPDATE_SCALE, UNSCALE_AND_CHECK)
-# The host report (lowering/host_report.py): native on CPU, never exported.
+# The host report (lowering/ffi_calls.py): native on CPU, never exported.
 HOST_REPORT = "host_report"
 
 # Lowering platform name (as `lax.platform_dependent` and `jax.export` spell

@@ -373,7 +373,8 @@ class _Step:
         if not isinstance(state, LossScaledState):
             raise TypeError(f"state must be a LossScaledState, got {type(state).__name__}")
         check_same_scaler(self.scaler, state.scaler)
-        grads = replicas.mean_gradients(updates, self.axis_name)
+        axis = self.axis_name
+        grads = updates if axis is None else replicas.mean_gradients(updates, axis)
         grads, found = state.scaler.unscale_and_check(grads, backend=self.pass_backend)
         found = or_across(found, self.axis_name)
         new_scaler = state.scaler.update(found, backend=self.backend)
