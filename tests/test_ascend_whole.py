@@ -150,7 +150,7 @@ SUBNORMALS = [
 @pytest.mark.parametrize(("dtype", "tiny"), SUBNORMALS)
 def test_subnormal_found_inf_backs_off_on_ascend(cann, dtype, tiny):
     # found_inf reaches the operator as 1/0 in the scale's dtype, decided from
-    # its bits (state/validation.found_to_bool): a subnormal is an overflow
+    # its bits (ops/operators.found_to_bool): a subnormal is an overflow
     # eagerly, under jit and under vmap, though XLA:CPU flushes subnormals.
     s = jas.init_scale_state(1024.0, shape=(1,), rule="cann")
     found = jnp.asarray(tiny, dtype)
