@@ -1,43 +1,24 @@
 """The three FFI custom calls: update-scale, the fused gradient pass, the host report.
 
 Each goes through `custom_call.per_platform` (the native call on platforms
-with a handler, the reference or a callback elsewhere) and, for the two
-operators, `partitioning` (one call per device's shards).
+with a handler, the reference or a callback elsewhere); the two operators'
+calls also through `partitioning` (one call per device's shards).
 
-**update-scale** (``jas_update_scale_v2``, ffi/targets.h: ffi/cpu.cc,
-cuda.cu, ascend.cc): in place, a vmapped batch of states in one call; on
-Ascend the result passes through `refuse_infinite_growth`.
-
-**The gradient pass** (``jas_unscale_and_check_v1``,
-ffi/unscale_and_check_cpu.cc): one call per group of up to
-`LEAVES_PER_CALL` leaves takes the float32 inverse scale and the group's
-floating gradient leaves, and returns the unscaled leaves and one found-inf
-flag: each gradient byte is read once and written once, on XLA's intra-op
-threads.  XLA:CPU cannot build that pass itself (it never fuses a reduction
-with an elementwise output, so the pure path runs one kernel and one mask
-reduction per leaf, and compiles them all).  Under ``vmap`` a batched call
-runs the reference vmapped, ``jvp``/``grad`` take the reference's tangents,
-and under ``shard_map`` results carry the inputs' varying axes.  Results
-equal the reference's bit for bit (tests/test_fused_unscale.py).
-
-**The host report** (``jas_host_report_v1``, ffi/host_report_cpu.cc):
-``report(fn, flag, *values)`` runs ``fn(flag, *values)`` on the host, with
-NumPy arrays, whenever the call executes with some element of `flag` true,
-and returns `flag` (use the result: it keeps the call in the program).  On
-CPU it is a custom call whose handler calls `run` here.  JAX runs a program
-holding a ``jax.debug.callback`` synchronously, through its Python dispatch
-path, on every step, even when the callback sits in a branch that never
-runs (bench/probe_step_overhead.py measures it); an ordinary custom call
-keeps the step on JAX's fast, asynchronous path.  Elsewhere (and without
-the native module) the report is a ``jax.debug.callback``.  An exception
-`fn` raises reaches the caller as a ``jax.errors.JaxRuntimeError`` (or a
-``ValueError`` from JAX's C++ dispatch path) whose message holds the
-exception's type and text, when the step's result is read; a warning is
-issued while the step runs, so read a result (``jax.block_until_ready``)
-before you expect it (``jax.effects_barrier`` does not wait for it).  The
-values reach `fn` flattened to one dimension (a ``vmap`` batch, for
-example).  Programs with a report do not export (`jax.export` cannot
-serialize it, nor a host callback).
+- update-scale (``jas_update_scale_v2``; ffi/cpu.cc, cuda.cu, ascend.cc):
+  in place; a vmapped batch of states in one call; on Ascend the result
+  passes through `refuse_infinite_growth`.
+- the gradient pass (``jas_unscale_and_check_v1``;
+  ffi/unscale_and_check_cpu.cc): the float32 inverse scale and up to
+  `LEAVES_PER_CALL` floating leaves in, the unscaled leaves and one
+  found-inf flag out, each gradient byte read once and written once.
+  XLA:CPU cannot build that pass (it never fuses a reduction with an
+  elementwise output).  vmap and jvp take the reference's rules; results
+  equal the reference's bit for bit (tests/test_fused_unscale.py).
+- the host report (``jas_host_report_v1``; ffi/host_report_cpu.cc):
+  `report` runs a Python function on the host on flagged steps, through a
+  custom call whose handler calls `run` on CPU (a ``jax.debug.callback``
+  would put every step on JAX's synchronous Python dispatch path:
+  ARCHITECTURE.md), a callback elsewhere.
 """
 
 from __future__ import annotations

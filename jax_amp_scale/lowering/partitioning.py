@@ -1,33 +1,18 @@
 """Native calls that partition like the elementwise operators they are.
 
 XLA cannot see inside a custom call, so on its own it gathers every sharded
-operand around one and replicates its results.  JAX's public
-`jax.experimental.custom_partitioning` tells it better, in two shapes:
+operand around one.  `jax.experimental.custom_partitioning` tells it better
+(GSPMD's callbacks and a Shardy ``sharding_rule``, auto and explicit axes;
+ARCHITECTURE.md says why each choice):
 
-- `elementwise_pass`: the fused gradient pass wrapped in
-  `jax.experimental.custom_partitioning`.  Each device runs the pass on its
-  local shards (outputs keep the operands' shardings, the inverse scale is
-  replicated) and the found-inf flag is OR-reduced over the mesh axes the
-  leaves are sharded on: one all-reduce of a scalar, nothing gathered.  It
-  serves GSPMD (``partition`` and ``infer_sharding_from_operands``) and
-  Shardy (an einsum-like ``sharding_rule`` naming every dimension of every
-  leaf once, so any dimension may stay sharded), auto and explicit axes
-  alike; where the operands' shardings are not known until XLA partitions
-  the program (auto axes), shard_map could not be used.
-- `per_element`: the update-scale call, whose operands and results share
-  one shape and whose elements (a vmapped population's members) are
-  independent, wrapped the same way with every operand and result sharded
-  like the scale: a population sharded on its batch axis is updated where
-  it lies, a replicated state on each device, with no collective.
-  (`jax.ffi.register_ffi_target_as_batch_partitionable` would need the
-  custom call to carry XLA's ``num_batch_dims`` attribute, which
-  `jax.ffi.ffi_call` does not emit.)  Under ``vmap`` the batched call is
-  wrapped again (`jax.custom_batching.custom_vmap`).
+- `elementwise_pass`: the gradient pass runs on each device's shards and
+  its found-inf flag is OR-reduced over the leaves' mesh axes, one scalar
+  all-reduce.
+- `per_element`: the update-scale call, every operand and result sharded
+  like the scale (a vmapped population updated where it lies).
 
-In a process with one device the pass is the plain custom call (nothing to
-partition; the program stays exportable, as custom_partitioning's callback
-is not serialisable).  Inside ``shard_map`` over every mesh axis
-custom_partitioning inlines the call, which then sees the local shards.
+With one device, and inside `whole_arrays` (`jax.export`: the partitioner is
+a Python callback, which does not serialise), the calls are plain.
 """
 
 from __future__ import annotations

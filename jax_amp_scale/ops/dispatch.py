@@ -3,12 +3,9 @@
 ``"reference"`` is the pure-JAX lowering (every platform); ``"ffi"`` the
 native custom call (a lowering-time error where the platform has no
 handler); ``"auto"`` the native call where the configuration prefers it and
-a handler is registered, the reference elsewhere, chosen per lowering
-platform by `lax.platform_dependent`.
-
-The choice reads one immutable `DispatchConfig`.  `configured` replaces it
-for a block (the Ascend-on-CPU test harness plays Ascend on CPU that way);
-nothing else changes it.
+a handler is registered, the reference elsewhere, per lowering platform.
+The choice reads one immutable `DispatchConfig`, which only `configured`
+replaces, for a block.
 """
 
 from __future__ import annotations
@@ -81,12 +78,9 @@ class DispatchConfig:
         object.__setattr__(self, "targets", _frozen(self.targets, str))
 
 
-# On Ascend the native operator is the point of the library.  On CPU the
-# fused gradient pass reads each byte once where the reference makes two
-# passes, on one device and, partitioned, on eight (bench/RESULTS.md); the
-# update-scale call costs ~0.3 us a step more than the reference but
-# compiles in 0.035 s against ~0.5 s and is 3.5x faster vmapped over 1,024
-# states.  On CUDA the reference is as fast (XLA fuses it), so not there.
+# On Ascend the native operator is the point of the library; on CPU the
+# native calls are faster than the reference, on CUDA not (XLA fuses the
+# reference there): the figures are in bench/RESULTS.md.
 DEFAULT_CONFIG = DispatchConfig(
     auto_native={
         UPDATE_SCALE: frozenset({"cpu"}) | _ASCEND,

@@ -237,6 +237,12 @@ def report(fn: Callable[..., None], flag: Any, *values: Any, backend: str = "aut
     """`flag` (bool), after ``fn(flag, *values)`` ran on the host, with flat
     NumPy arrays, wherever some element of `flag` is true.  Use the result
     (it keeps the report in the program).  `backend` ``"reference"`` takes
-    ``jax.debug.callback`` on every platform."""
+    ``jax.debug.callback`` on every platform.
+
+    An exception `fn` raises reaches the caller when the step's result is
+    read, as a ``jax.errors.JaxRuntimeError`` (or a ``ValueError`` from
+    JAX's C++ dispatch path) holding its type and text; a warning is issued
+    while the step runs (``jax.effects_barrier`` does not wait for it).  A
+    program with a report does not export."""
     native_on, target = dispatch.host_report_plan(backend)
     return ffi_calls.report(fn, flag, *values, native_on=native_on, target=target)
