@@ -64,12 +64,6 @@ def module_targets(mod: Any) -> dict[str, str]:
     }
 
 
-def registered_target(op: str) -> str:
-    """The FFI target name of `op` (e.g. ``"jas_update_scale_v2"``), as recorded."""
-    with _lock:
-        return _targets[op]
-
-
 def register_capsule(op: str, platform: str, capsule: Any) -> None:
     """Registers `capsule` with XLA as `op`'s handler on `platform` (idempotent)."""
     platform = platform.lower()
@@ -77,7 +71,7 @@ def register_capsule(op: str, platform: str, capsule: Any) -> None:
         if platform in _handlers[op]:
             return
         jax.ffi.register_ffi_target(
-            registered_target(op), capsule, platform=XLA_PLATFORM.get(platform, platform)
+            _targets[op], capsule, platform=XLA_PLATFORM.get(platform, platform)
         )
         _handlers[op].add(platform)
 
@@ -106,10 +100,6 @@ DISABLE_ENV = "JAX_AMP_SCALE_DISABLE_NATIVE"
 
 _builtins_loaded = False
 _plugins_tried: set[str] = set()
-
-
-def _import(module: str) -> ModuleType:
-    return importlib.import_module(f"jax_amp_scale.{module}")
 
 
 def register_module(mod: ModuleType, platform: str) -> None:
@@ -153,7 +143,7 @@ def _load_builtins() -> None:
         record_load_error("cpu", _unavailable)
         return
     try:  # built with every install; missing only from a broken or foreign one
-        cpu = _import("_native_cpu")
+        cpu = importlib.import_module("jax_amp_scale._native_cpu")
     except ImportError as e:
         _unavailable = f"the compiled module jax_amp_scale._native_cpu could not be loaded ({e})"
         record_load_error("cpu", _unavailable)
@@ -169,7 +159,7 @@ def _load_builtins() -> None:
         return
     register_module(cpu, "cpu")
     try:  # optional: built only where CMake found a working CUDA compiler
-        register_module(_import("_native_cuda"), "cuda")
+        register_module(importlib.import_module("jax_amp_scale._native_cuda"), "cuda")
     except ImportError as e:
         record_load_error("cuda", f"_native_cuda: {e}")
 
@@ -225,7 +215,8 @@ def target(op: str) -> str:
             f"jax_amp_scale: backend='ffi' needs the native handlers, but {_unavailable}; "
             "use backend='auto' or 'reference'"
         )
-    return registered_target(op)
+    with _lock:
+        return _targets[op]
 
 
 def served_targets() -> frozenset[str]:
@@ -233,7 +224,6 @@ def served_targets() -> frozenset[str]:
     program of this library may call)."""
     with _lock:
         _load_builtins()
-    with _lock:
         return frozenset(name for op, name in _targets.items() if op in OPERATORS)
 
 
@@ -241,5 +231,4 @@ def load_errors() -> dict[str, str]:
     """Why an optional native module or plugin registration did not load."""
     with _lock:
         _load_builtins()
-    with _lock:
         return dict(_load_errors)
