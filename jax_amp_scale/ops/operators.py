@@ -27,10 +27,7 @@ from jax_amp_scale.state.tree import nonzero_bits
 from jax_amp_scale.state.validation import (
     SCALE_DTYPES,
     SHAPES,
-    check_factor,
-    check_growth_interval,
-    check_rule,
-    check_rule_factor,
+    check_static,
 )
 
 
@@ -134,10 +131,7 @@ def amp_update_scale(
       The state is not differentiable: gradients through it are zero.
     """
     chosen = check_backend(backend)
-    rule = check_rule(rule)
-    gf = check_rule_factor(check_factor(growth_factor, "growth_factor"), rule, "growth_factor")
-    bf = check_rule_factor(check_factor(backoff_factor, "backoff_factor"), rule, "backoff_factor")
-    gi = check_growth_interval(growth_interval)
+    gf, bf, gi, rule = check_static(growth_factor, backoff_factor, growth_interval, rule)
     scale = check_scale(current_scale, "current_scale")
     tracker = check_tracker(growth_tracker, tuple(scale.shape), "growth_tracker")
     found = found_to_bool(found_inf, tuple(scale.shape))

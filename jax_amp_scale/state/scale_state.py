@@ -17,9 +17,8 @@ from jax_amp_scale.state.validation import (
     SHAPES,
     check_dtype,
     check_factor,
-    check_growth_interval,
     check_rule,
-    check_rule_factor,
+    check_static,
 )
 
 # Torch GradScaler's defaults, which are also jmp's and MindSpore's choices
@@ -85,21 +84,11 @@ class ScaleState:
 
     def __post_init__(self) -> None:
         static = (self.growth_factor, self.backoff_factor, self.growth_interval, self.rule)
-        for name, value in zip(STATIC_FIELDS, checked_once(_check_static, *static), strict=True):
+        for name, value in zip(STATIC_FIELDS, checked_once(check_static, *static), strict=True):
             object.__setattr__(self, name, value)
 
 
 STATIC_FIELDS = ("growth_factor", "backoff_factor", "growth_interval", "rule")
-
-
-def _check_static(gf: Any, bf: Any, gi: Any, rule: Any) -> tuple[float, float, int, str]:
-    rule = check_rule(rule)
-    return (
-        check_rule_factor(check_factor(gf, "growth_factor"), rule, "growth_factor"),
-        check_rule_factor(check_factor(bf, "backoff_factor"), rule, "backoff_factor"),
-        check_growth_interval(gi),
-        rule,
-    )
 
 
 # Leaves and static fields are declared once, here; jmp's hand-written

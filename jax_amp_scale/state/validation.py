@@ -96,3 +96,16 @@ def check_dtype(
     if dt not in allowed:
         raise TypeError(f"{name} must be {words}, got {dt.name}")
     return dt
+
+
+def check_static(
+    growth_factor: Any, backoff_factor: Any, growth_interval: Any, rule: Any
+) -> tuple[float, float, int, str]:
+    """A state's static fields, checked, in the form the layers below take."""
+    rule = check_rule(rule)
+    return (
+        check_rule_factor(check_factor(growth_factor, "growth_factor"), rule, "growth_factor"),
+        check_rule_factor(check_factor(backoff_factor, "backoff_factor"), rule, "backoff_factor"),
+        check_growth_interval(growth_interval),
+        rule,
+    )
