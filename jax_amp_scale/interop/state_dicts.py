@@ -1,15 +1,5 @@
-"""Moving scale state between frameworks, and checkpointing whole training states.
-
-- `from_torch_state_dict` / `to_torch_state_dict`: torch ``GradScaler``'s
-  ``state_dict()`` (keys ``scale, growth_factor, backoff_factor,
-  growth_interval, _growth_tracker``) to and from a `ScaleState`, so a run
-  can move between PyTorch and JAX mid-training.
-- `to_state_dict` / `from_state_dict`: any training-state pytree (params,
-  optax state with `LossScaledState`, scalers, counters) to a nested dict
-  of NumPy arrays and back onto a template, for ``flax.serialization``
-  msgpack, ``orbax`` or ``numpy.savez``.  Leaves keep their dtype, shape and
-  bits, so a restored run continues bit for bit.
-"""
+"""torch ``GradScaler`` state dicts to and from a `ScaleState`, and whole
+training states to and from nested dicts of NumPy arrays (checkpoints)."""
 
 from __future__ import annotations
 
@@ -25,7 +15,7 @@ import numpy as np
 
 from jax_amp_scale.state.scale_state import ScaleState, init_scale_state
 from jax_amp_scale.state.validation import INT32_MAX
-from jax_amp_scale.training.helpers import find_scale_state
+from jax_amp_scale.training.helpers import find_scale_state, key_name
 
 PyTree = Any
 
@@ -71,14 +61,8 @@ def from_torch_state_dict(
         raise ValueError(f"state_dict['_growth_tracker'] must be an int32 value, got {tracker!r}")
     if not isinstance(interval, int):
         raise TypeError(f"state_dict['growth_interval'] must be an int, got {interval!r}")
-    state = init_scale_state(
-        _number(state_dict, "scale"),
-        _number(state_dict, "growth_factor"),
-        _number(state_dict, "backoff_factor"),
-        interval,
-        dtype=dtype,
-        shape=shape,
-    )
+    scale, growth, backoff = (_number(state_dict, k) for k in TORCH_KEYS[:3])
+    state = init_scale_state(scale, growth, backoff, interval, dtype=dtype, shape=shape)
     return dataclasses.replace(state, growth_tracker=jnp.full(shape, tracker, jnp.int32))
 
 
@@ -104,11 +88,8 @@ def to_torch_state_dict(state: Any) -> dict[str, float | int]:
     }
 
 
-def _key_str(key: Any) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
+def _keys(path: Any) -> list[str]:
+    return [key_name(k) for k in path] or ["_"]
 
 
 def to_state_dict(tree: PyTree) -> dict[str, Any]:
@@ -120,13 +101,12 @@ def to_state_dict(tree: PyTree) -> dict[str, Any]:
     not stored: they come back from the template in `from_state_dict`.
     """
     out: dict[str, Any] = {}
-    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-    for path, leaf in flat:
-        keys = [_key_str(k) for k in path] or ["_"]
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        *parents, last = _keys(path)
         node = out
-        for k in keys[:-1]:
+        for k in parents:
             node = node.setdefault(k, {})
-        node[keys[-1]] = np.asarray(leaf)
+        node[last] = np.asarray(leaf)
     return out
 
 
@@ -144,9 +124,8 @@ def from_state_dict(target: PyTree, state_dict: Mapping[str, Any]) -> PyTree:
     flat, treedef = jax.tree_util.tree_flatten_with_path(target)
     leaves = []
     for path, ref in flat:
-        keys = [_key_str(k) for k in path] or ["_"]
         node: Any = state_dict
-        for k in keys:
+        for k in _keys(path):
             if not isinstance(node, Mapping) or k not in node:
                 raise ValueError(f"state_dict has no entry for {jax.tree_util.keystr(path)}")
             node = node[k]

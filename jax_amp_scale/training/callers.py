@@ -1,21 +1,10 @@
 """Who called a transformation's ``init``: the one place that reads a caller.
 
-Two optax wrappers break `loss_scaled` from outside, without a sign in
-their state or their calls:
-
-- `optax.MultiSteps` resets its gradient accumulator as ``(1 - emit) * acc``,
-  so one overflowing micro-batch leaves a NaN there for good, and every later
-  step is skipped without a word.
-- `optax.apply_if_finite` drops a step with non-finite (scaled) gradients
-  before `loss_scaled` sees it, so the scale never backs off and the same
-  overflow repeats until ``max_consecutive_errors`` runs out.
-
-Only the caller tells them apart: `MultiSteps.init` (a method) and
-`apply_if_finite`'s ``init`` (a closure in the module that defines
-`optax.apply_if_finite`) call the wrapped transformation's ``init``
-themselves, in every optax from 0.2.4 (the oldest supported) to 0.2.8.
-tests/test_accumulate_and_guards.py checks both against the installed
-optax; CI runs it with the newest optax and with 0.2.4.
+`optax.MultiSteps` and `optax.apply_if_finite` around `loss_scaled` break it
+(`WRAPPER_ERRORS` in training/optax.py says why) without a sign in their state;
+only the caller tells them apart: their ``init`` calls the wrapped one, in
+every optax from 0.2.4 (the oldest supported) to 0.2.8
+(tests/test_accumulate_and_guards.py checks both against the installed optax).
 """
 
 from __future__ import annotations

@@ -45,6 +45,14 @@ def find_scale_state(tree: PyTree) -> ScaleState:
     return found[0]
 
 
+def key_name(key: Any) -> str:
+    """One key of a pytree path as a name: a dict key, attribute or index."""
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
 def _is_identity(state: Any) -> bool:
     # NoOpScaler (and states that wrap one) multiply by nothing at all.
     return bool(getattr(state, "is_identity", False))

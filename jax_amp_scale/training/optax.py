@@ -1,24 +1,9 @@
-"""`loss_scaled`: an optax wrapper that unscales, checks and skips overflow steps.
+"""`loss_scaled`: an optax wrapper that unscales, checks and skips overflow
+steps; and `optimizer_step`, torch's ``scaler.step(opt)`` for hand-written loops.
 
-Usage::
-
-    tx = jax_amp_scale.optax.loss_scaled(optax.adam(1e-3))
-    opt_state = tx.init(params)
-
-    @jax.jit
-    def step(params, opt_state, batch):
-        grads = jax.grad(lambda p: jas.scale_loss(loss_fn(p, batch), opt_state))(params)
-        updates, opt_state = tx.update(grads, opt_state, params)   # scaled grads in
-        return optax.apply_updates(params, updates), opt_state
-
-One ``update``: average the gradients over ``axis_name`` (torch DDP), unscale
-and check them with the scaler, OR the flag over ``axis_name``, advance the
-scaler, run the inner update, and keep it or drop it (zero updates, the inner
-state untouched) with one select per leaf.  What goes beyond that lives in
-`jax_amp_scale.training.pieces` (accumulation, clipping).
-
-Also here, for loops ported from torch's ``GradScaler``: `optimizer_step`
-(``scaler.step(opt)`` for any optax optimizer, skipping on found_inf).
+One ``update``: average the gradients over ``axis_name``, unscale and check
+them with the scaler, OR the flag over ``axis_name``, advance the scaler, run
+the inner update, and keep it or drop it with one select per leaf.
 """
 
 from __future__ import annotations
@@ -178,11 +163,6 @@ def unaliased(tree: Any, *taken: Any) -> Any:
     return jax.tree_util.tree_map(one, tree)
 
 
-def fresh_copy(tree: Any) -> Any:
-    """Every array leaf of `tree` copied (what the caller keeps is never handed out)."""
-    return jax.tree_util.tree_map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, tree)
-
-
 def check_same_scaler(expected: Any, got: Any) -> None:
     """Trace-time check that a state's scaler is configured as the transformation's."""
     want, have = jax.tree_util.tree_structure(expected), jax.tree_util.tree_structure(got)
@@ -206,12 +186,8 @@ def describe(scaler: Any) -> str:
     ]
     st = getattr(scaler, "state", None)
     if isinstance(st, ScaleState):
-        fields += [
-            f"growth_factor={st.growth_factor!r}",
-            f"backoff_factor={st.backoff_factor!r}",
-            f"growth_interval={st.growth_interval!r}",
-            f"rule={st.rule!r}",
-        ]
+        names = ("growth_factor", "backoff_factor", "growth_interval", "rule")
+        fields += [f"{name}={getattr(st, name)!r}" for name in names]
     return f"{type(scaler).__name__}({', '.join(fields)})"
 
 
@@ -328,9 +304,9 @@ class _Step:
         limit = positive_int(
             max_consecutive_overflows, "max_consecutive_overflows", allow_none=True
         )
-        guard = None
-        if skip_nonfinite_updates is not None:
-            guard = check_bool(skip_nonfinite_updates, "skip_nonfinite_updates")
+        guard = skip_nonfinite_updates
+        if guard is not None:
+            guard = check_bool(guard, "skip_nonfinite_updates")
         if check_bool(host_reports, "host_reports"):
             dynamic = isinstance(scaler, scalers.DynamicScaler)
             floor = scaler.min_scale if dynamic else None
@@ -358,8 +334,9 @@ class _Step:
         if wrapper is not None:
             raise TypeError(WRAPPER_ERRORS[wrapper])
         zero = functools.partial(jnp.zeros, (), jnp.int32)
-        inner_state = unaliased(self.inner.init(params), params)
-        return LossScaledState(fresh_copy(self.scaler), inner_state, zero(), zero(), zero())
+        # The transformation keeps its scaler: the state gets copies.
+        scaler, inner_state = unaliased((self.scaler, self.inner.init(params)), params, self.scaler)
+        return LossScaledState(scaler, inner_state, zero(), zero(), zero())
 
     @property
     def pass_backend(self) -> Backend:
