@@ -75,7 +75,7 @@ def to_torch_state_dict(state: Any) -> dict[str, float | int]:
     are Python numbers, as torch writes them (``GradScaler.load_state_dict``
     accepts them).
     """
-    s = state if isinstance(state, ScaleState) else find_scale_state(state)
+    s = find_scale_state(state)
     scale = float(np.asarray(s.scale, np.float32).reshape(()))
     if not math.isfinite(scale):
         raise ValueError(f"cannot export a non-finite scale ({scale})")

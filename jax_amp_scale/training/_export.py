@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from jax import export
 
 _PREFIX = "jax_amp_scale."
+T = TypeVar("T", bound=type)
 
 
-def register_namedtuple(cls: type) -> type:
+def register_namedtuple(cls: T) -> T:
     """Registers the NamedTuple `cls` under ``jax_amp_scale.<name>``."""
     export.register_namedtuple_serialization(cls, serialized_name=_PREFIX + cls.__name__)
     return cls

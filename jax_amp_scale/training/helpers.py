@@ -1,12 +1,9 @@
 """Loss-scaling helpers: scale a loss, unscale and check gradients.
 
-Every function takes the scale as ``state``: a `ScaleState`, a scaler
-(`DynamicScaler`, `StaticScaler`, `NoOpScaler`), an optax `LossScaledState`,
-any pytree holding exactly one `ScaleState`, or a plain float scalar (Python
-number or array).  Gradients are pytrees of mixed dtypes:
-floating leaves (float16, bfloat16, float32, float64) are unscaled and checked;
-integer, boolean and ``float0`` leaves pass through untouched; ``None`` is an
-empty subtree in JAX and stays ``None``.
+Every function takes the scale as ``state``: a `ScaleState`, a scaler, an
+optax `LossScaledState`, any pytree holding exactly one `ScaleState`, or a
+float scalar.  Floating leaves (float16 to float64) are unscaled and
+checked; integer, boolean and ``float0`` leaves pass; ``None`` stays ``None``.
 """
 
 from __future__ import annotations
@@ -31,11 +28,8 @@ PyTree = Any
 
 
 def find_scale_state(tree: PyTree) -> ScaleState:
-    """The one `ScaleState` inside `tree`, found by a plain pytree walk.
-
-    Raises ``ValueError`` when `tree` holds none or more than one (for
-    example an optax state with two `loss_scaled` wrappers).
-    """
+    """The one `ScaleState` inside `tree`; a ``ValueError`` when it holds none
+    or more than one (for example an optax state with two `loss_scaled`)."""
     found = instances(tree, ScaleState)
     if len(found) != 1:
         raise ValueError(
@@ -202,11 +196,10 @@ def unscale_and_check(
       backend: ``"reference"``: pure JAX, one unscale and one check per leaf.
         ``"ffi"``: the native pass over all floating leaves (CPU, and
         ``aclnnForeachNonFiniteCheckAndUnscale`` on Ascend; an error at
-        lowering time elsewhere).  ``"auto"`` (default): the native call
-        on CPU and Ascend, with any number of devices (it partitions like
-        the elementwise pass it is; explicitly sharded leaves on jax < 0.7
-        take the reference), the reference elsewhere.  Both give the same
-        bits.
+        lowering time elsewhere).  ``"auto"`` (default): the native pass on
+        CPU and Ascend, with any number of devices (explicitly sharded
+        leaves on jax < 0.7 take the reference), the reference elsewhere.
+        Both give the same bits.
 
     Returns:
       ``(unscaled, found_inf)``: ``unscaled`` as from `unscale`; ``found_inf`` a
@@ -225,8 +218,7 @@ def unscale_and_check(
     if not floating:
         return tree, jnp.array(False)
     if inv is None:  # identity scale: nothing to multiply, only the check
-        flags = [leaf_finite(leaves[i]) for i in floating]
-        return tree, jnp.logical_not(jnp.all(jnp.stack(flags)))
+        return tree, jnp.logical_not(all_finite(tree))
     found, outs = unscale_and_check_leaves(inv, [leaves[i] for i in floating], checked)
     for i, u in zip(floating, outs, strict=True):
         leaves[i] = u
@@ -240,13 +232,9 @@ def nonfinite_leaves(tree: PyTree) -> PyTree:
     False.  jit-compatible; turn it into names on the host with
     `nonfinite_paths`.
     """
-
-    def one(x: Any) -> jax.Array:
-        if not is_float_leaf(x):
-            return jnp.array(False)
-        return jnp.logical_not(leaf_finite(x))
-
-    return jax.tree_util.tree_map(one, tree)
+    return jax.tree_util.tree_map(
+        lambda x: jnp.logical_not(leaf_finite(x)) if is_float_leaf(x) else jnp.array(False), tree
+    )
 
 
 def nonfinite_paths(report: PyTree) -> list[str]:

@@ -43,6 +43,7 @@ class SkipReason(enum.IntEnum):
     ACCUMULATING = 3
 
 
+@_export.register_namedtuple
 class LossScaledState(NamedTuple):
     """State of `loss_scaled`; its structure never depends on the options.
 
@@ -82,9 +83,6 @@ class LossScaledState(NamedTuple):
     @property
     def is_identity(self) -> bool:
         return self.scaler.is_identity
-
-
-_export.register_namedtuple(LossScaledState)
 
 
 class LossScaled(optax.GradientTransformationExtraArgs):
@@ -138,13 +136,6 @@ def positive_int(value: Any, name: str, *, allow_none: bool) -> int | None:
             f"{name} must be an int >= 1{' or None' if allow_none else ''}, got {value!r}"
         )
     return int(value)
-
-
-def _low_precision(tree: Any) -> bool:
-    return any(
-        is_float_leaf(x) and jnp.dtype(x.dtype).itemsize < 4
-        for x in jax.tree_util.tree_leaves(tree)
-    )
 
 
 def unaliased(tree: Any, *taken: Any) -> Any:
@@ -203,9 +194,6 @@ WRAPPER_ERRORS = {
     "(max_consecutive_overflows= is its max_consecutive_errors), or put it inside: "
     "loss_scaled(optax.apply_if_finite(inner, n))",
 }
-
-
-# ------------------------------------------------------------ the wrapper
 
 
 def loss_scaled(
@@ -373,7 +361,8 @@ class _Step:
         None where such steps are not skipped (`skip_nonfinite_updates`)."""
         guard = self.guard
         if guard is None:
-            low = _low_precision(updates if params is None else params)
+            leaves = jax.tree_util.tree_leaves(updates if params is None else params)
+            low = any(is_float_leaf(x) and jnp.dtype(x.dtype).itemsize < 4 for x in leaves)
             guard = self.scaler.drop_overflow_update and low
         if not guard:
             return None

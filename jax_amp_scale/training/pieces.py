@@ -1,11 +1,5 @@
-"""Composable pieces around `loss_scaled`, each an optax transformation.
-
-- `accumulate_gradients(loss_scaled(inner), k)`: torch ``GradScaler``'s
-  gradient accumulation, outside the loss scaling;
-- `clip_grad_norm(max_norm)`: torch's ``clip_grad_norm_``, inside it
-  (``loss_scaled(optax.chain(clip_grad_norm(1.0), inner))``), so it clips
-  unscaled gradients and records the norm.
-"""
+"""The optax pieces that compose with `loss_scaled`: `accumulate_gradients`
+(outside it) and `clip_grad_norm` (inside it, on unscaled gradients)."""
 
 from __future__ import annotations
 
@@ -18,13 +12,10 @@ import optax
 
 from jax_amp_scale.state.tree import compute_dtype, is_float_leaf, typed_as
 from jax_amp_scale.training import _export, helpers
-from jax_amp_scale.training.optax import (
-    LossScaled,
-    positive_int,
-    strongly_typed,
-)
+from jax_amp_scale.training.optax import LossScaled, positive_int, strongly_typed
 
 
+@_export.register_namedtuple
 class AccumulationState(NamedTuple):
     """State of `accumulate_gradients`.
 
@@ -41,21 +32,12 @@ class AccumulationState(NamedTuple):
     acc_grads: Any
 
 
+@_export.register_namedtuple
 class ClipGradNormState(NamedTuple):
     """State of `clip_grad_norm`: ``norm``, the float32 global norm of the
     gradients of the last applied step, before clipping (torch's return value)."""
 
     norm: jax.Array
-
-
-_export.register_namedtuple(AccumulationState)
-_export.register_namedtuple(ClipGradNormState)
-
-
-def _accumulator(params: Any) -> Any:
-    return jax.tree_util.tree_map(
-        lambda p: jnp.zeros_like(p) if is_float_leaf(p) else jnp.zeros((), jnp.int32), params
-    )
 
 
 def _mean(tree: Any, k: int) -> Any:
@@ -98,14 +80,11 @@ def accumulate_gradients(
     the parameters' dtypes (torch's ``.grad``); on the k-th call the sum
     divided by `k` (the mean; exact for `k` a power of two) goes to `inner`,
     which unscales and checks it, steps or skips, and updates the scale once
-    per window.  An overflow in any micro-batch makes the sum non-finite, so
-    the whole window is skipped.  The other calls return zero updates and
-    leave `inner`'s state untouched.  The accumulator is reset by a select,
-    not a product, so no NaN survives the window.
+    per window.  An overflow in any micro-batch skips the whole window.  The
+    other calls return zero updates and leave `inner`'s state untouched.
 
-    `LossScaledState`'s counters thus count optimizer steps (windows):
-    3 skipped windows of 4 read ``skipped_steps == 3, total_steps == 4``.
-    Divide nothing yourself: the mean matches a torch loop that divides each
+    `LossScaledState`'s counters count optimizer steps (windows).  Divide
+    nothing yourself: the mean matches a torch loop that divides each
     micro-batch loss by `k`.
     """
     k_ = positive_int(k, "k", allow_none=False)
@@ -118,7 +97,10 @@ def accumulate_gradients(
     inner = optax.with_extra_args_support(inner)
 
     def init_fn(params: Any) -> AccumulationState:
-        return AccumulationState(inner.init(params), jnp.zeros((), jnp.int32), _accumulator(params))
+        acc = jax.tree_util.tree_map(
+            lambda p: jnp.zeros_like(p) if is_float_leaf(p) else jnp.zeros((), jnp.int32), params
+        )
+        return AccumulationState(inner.init(params), jnp.zeros((), jnp.int32), acc)
 
     def update_fn(
         updates: Any, state: AccumulationState, params: Any = None, **extra_args: Any

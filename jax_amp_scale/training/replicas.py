@@ -24,10 +24,6 @@ PyTree = Any
 __all__ = ["mean_gradients", "or_across"]
 
 
-def _names(axis_name: Hashable) -> tuple[Hashable, ...]:
-    return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-
-
 def _checked(name: Hashable) -> bool:
     """Whether `name` is a shard_map axis with varying-axes checking on: only
     there does the index along it vary in its type."""
@@ -53,7 +49,7 @@ def mean_gradients(grads: PyTree, axis_name: Hashable | None, *, loss: Any = Non
     """
     if axis_name is None:
         return grads
-    names = _names(axis_name)
+    names = tuple(axis_name) if isinstance(axis_name, tuple | list) else (axis_name,)
     checked = tuple(n for n in names if _checked(n))
     if loss is not None:
         reduced = [n for n in checked if n not in varying_axes(loss)]

@@ -1,19 +1,9 @@
-"""Scalers: the object that holds a `ScaleState` and the policy adjusting it.
+"""Scalers: immutable pytrees holding one `ScaleState` and the policy that
+adjusts it (`DynamicScaler`, `StaticScaler`, `NoOpScaler`; interface `Scaler`).
 
-Three kinds share one interface (`Scaler`), each an immutable pytree holding
-exactly one core `ScaleState`:
-
-- `DynamicScaler` (`dynamic_scaler`): torch ``GradScaler``'s rule, with
-  optional bounds and hysteresis;
-- `StaticScaler` (`static_scaler`): a fixed scale;
-- `NoOpScaler` (`no_op_scaler`): no scaling, only the non-finite check.
-
-Vocabulary: the *scale* is the number the loss is multiplied by
-(``scaler.scale``, a float array); the *scaler* is this object.  Methods:
-``scale_loss(loss)``, ``unscale(grads)``, ``unscale_and_check(grads)`` and
-``update(found_inf)`` (torch's name and polarity: True means an overflow).
-jmp's ``adjust(grads_finite)`` takes the opposite flag, so ``adjust`` raises
-a TypeError that shows the fix instead of silently inverting it.
+``update(found_inf)`` takes torch's flag (True: an overflow); jmp's
+``adjust(grads_finite)`` takes the opposite, so ``adjust`` raises a TypeError
+that shows the fix instead of silently inverting it.
 """
 
 from __future__ import annotations
@@ -198,10 +188,7 @@ class DynamicScaler(_Common):
         if self.hysteresis > 1:  # with 1, left > 0 never holds after an overflow
             scale = jnp.where(found & (left > 0), self.state.scale, scale)
         if self.min_scale is not None or self.max_scale is not None:
-            dt = scale.dtype
-            lo = None if self.min_scale is None else jnp.asarray(self.min_scale, dt)
-            hi = None if self.max_scale is None else jnp.asarray(self.max_scale, dt)
-            scale = jnp.clip(scale, lo, hi)
+            scale = jnp.clip(scale, self.min_scale, self.max_scale)  # bounds in scale's dtype
         return dataclasses.replace(
             self, state=dataclasses.replace(new, scale=scale), hysteresis_left=left
         )
@@ -292,7 +279,6 @@ def _warn_direction(state: ScaleState, growth_factor: Any, backoff_factor: Any) 
         warnings.warn(
             f"dynamic_scaler: backoff_factor={backoff_factor} >= 1 does not reduce the scale "
             "on an overflow; use a value in (0, 1), such as torch's 0.5",
-            UserWarning,
             stacklevel=3,
         )
     if state.growth_factor <= 1.0:
@@ -300,7 +286,6 @@ def _warn_direction(state: ScaleState, growth_factor: Any, backoff_factor: Any) 
             f"dynamic_scaler: growth_factor={growth_factor} <= 1 does not grow the scale "
             "after growth_interval finite steps; use a value > 1, such as torch's 2.0 "
             "(or static_scaler(x) for a fixed scale)",
-            UserWarning,
             stacklevel=3,
         )
 

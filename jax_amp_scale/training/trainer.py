@@ -1,13 +1,5 @@
-"""`Trainer`: one jit-compatible mixed-precision step for functional code.
-
-Usage::
-
-    trainer = jas.Trainer(optax.adam(1e-3), jas.dynamic_scaler(), policy=jas.get_policy("O2"))
-    state = trainer.init(params)
-    step = jax.jit(trainer.step, static_argnums=3)
-    for batch in data:
-        params, state, metrics = step(params, state, batch, loss_fn)
-"""
+"""`Trainer`: one jit-compatible mixed-precision step for functional code
+(docs/guide/training.md shows it in a loop)."""
 
 from __future__ import annotations
 
@@ -173,14 +165,10 @@ def _outcome(state: Any, new_state: Any) -> dict[str, jax.Array]:
     skipped = new.skipped_steps > old.skipped_steps
     found = stepped & new.found_inf
     why = ls.SkipReason
-    reason = jnp.where(
-        ~stepped,
-        int(why.ACCUMULATING),
-        jnp.where(
-            skipped,
-            jnp.where(found, int(why.OVERFLOW), int(why.NONFINITE_UPDATE)),
-            int(why.APPLIED),
-        ),
+    reason = jnp.select(
+        [~stepped, skipped & found, skipped],
+        [why.ACCUMULATING, why.OVERFLOW, why.NONFINITE_UPDATE],
+        why.APPLIED,
     ).astype(jnp.int32)
     return {
         "skipped": skipped,
