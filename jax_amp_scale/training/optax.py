@@ -12,7 +12,9 @@ import dataclasses
 import enum
 import functools
 import numbers
+import sys
 from collections.abc import Hashable
+from types import FrameType
 from typing import Any, NamedTuple
 
 import jax
@@ -24,7 +26,7 @@ from jax_amp_scale.ops.update_scale import or_across
 from jax_amp_scale.state.scale_state import ScaleState
 from jax_amp_scale.state.tree import instances, is_float_leaf, select
 from jax_amp_scale.state.validation import Backend, check_backend, check_bool
-from jax_amp_scale.training import _export, callers, helpers, replicas, reports, scalers
+from jax_amp_scale.training import _export, helpers, replicas, reports, scalers
 
 
 class SkipReason(enum.IntEnum):
@@ -182,6 +184,10 @@ def describe(scaler: Any) -> str:
     return f"{type(scaler).__name__}({', '.join(fields)})"
 
 
+# Two optax wrappers around loss_scaled break it with no sign in their state or
+# calls: only the caller of init tells them apart (their init calls the wrapped
+# one in every optax from 0.2.4, the oldest supported, to 0.2.8;
+# tests/test_accumulate_and_guards.py checks both against the installed optax).
 WRAPPER_ERRORS = {
     "optax.MultiSteps": "loss_scaled(...) inside optax.MultiSteps: MultiSteps keeps its "
     "accumulator as (1 - emit) * acc, so one overflowing micro-batch leaves a NaN in it for "
@@ -194,6 +200,22 @@ WRAPPER_ERRORS = {
     "(max_consecutive_overflows= is its max_consecutive_errors), or put it inside: "
     "loss_scaled(optax.apply_if_finite(inner, n))",
 }
+
+
+def refusing_wrapper() -> str | None:
+    """The key of `WRAPPER_ERRORS` whose wrapper called (a few frames up) the
+    ``init`` that calls this; None otherwise."""
+    frame: FrameType | None = sys._getframe(2)  # the caller of the init that asks
+    for _ in range(4):  # that init <- a chain's init <- the wrapper's init
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "init":
+            if isinstance(frame.f_locals.get("self"), optax.MultiSteps):
+                return "optax.MultiSteps"
+            if frame.f_code.co_filename == optax.apply_if_finite.__code__.co_filename:
+                return "optax.apply_if_finite"
+        frame = frame.f_back
+    return None
 
 
 def loss_scaled(
@@ -318,7 +340,7 @@ class _Step:
         )
 
     def init(self, params: Any) -> LossScaledState:
-        wrapper = callers.refusing_wrapper()
+        wrapper = refusing_wrapper()
         if wrapper is not None:
             raise TypeError(WRAPPER_ERRORS[wrapper])
         zero = functools.partial(jnp.zeros, (), jnp.int32)

@@ -94,9 +94,9 @@ class Policy:
       keep_float32: rules selecting leaves that `cast_to_param` and
         `cast_to_compute` put in float32 instead: a regex must match one
         whole name on the leaf's path (a dict key, attribute or index;
-        haiku's ``a/~/b`` split at ``/``), a callable gets ``(path, leaf)`` with the path as
-        ``jax.tree_util.keystr`` (``"['LayerNorm_0']['scale']"``) and
-        returns a bool.
+        haiku's ``a/~/b`` split at ``/``); a callable gets ``(path, leaf)``,
+        the path as ``jax.tree_util.keystr`` (``"['LayerNorm_0']['scale']"``),
+        and returns a bool.
 
     Casts touch floating leaves only (integer, bool, float0 leaves and
     ``None`` pass); a leaf already in the target dtype is returned as is.

@@ -1,10 +1,6 @@
-"""The host side of `loss_scaled`'s reports: warnings and the runaway error.
-
-Each report is a function of NumPy arrays run on the host from inside a
-jitted step (`jax_amp_scale.ops.host_report`), only on the steps its flag
-marks: an overflowing step, or a finite step whose update was skipped.
-Under ``vmap`` or with several devices the arrays hold every member's value.
-"""
+"""The host side of `loss_scaled`'s reports: warnings and the runaway error,
+each run from inside a jitted step (`jax_amp_scale.ops.host_report`) with NumPy
+arrays (every member's value under ``vmap`` or on several devices)."""
 
 from __future__ import annotations
 
