@@ -47,6 +47,11 @@ def key_name(key: Any) -> str:
     return str(key)
 
 
+def map_floats(fn: Callable[[jax.Array], Any], tree: PyTree) -> PyTree:
+    """`fn` on every floating leaf of `tree`; the other leaves as they are."""
+    return jax.tree_util.tree_map(lambda x: fn(x) if is_float_leaf(x) else x, tree)
+
+
 def _is_identity(state: Any) -> bool:
     # NoOpScaler (and states that wrap one) multiply by nothing at all.
     return bool(getattr(state, "is_identity", False))
@@ -97,13 +102,11 @@ def scale_loss(loss: PyTree, state: Any) -> PyTree:
         return loss
     scale = scale_value(state)
 
-    def one(x: Any) -> Any:
-        if not is_float_leaf(x):
-            return x
+    def one(x: jax.Array) -> jax.Array:
         dt = compute_dtype(x.dtype)
         return x.astype(dt) * scale.astype(dt)
 
-    return jax.tree_util.tree_map(one, loss)
+    return map_floats(one, loss)
 
 
 def _inverse(state: Any) -> jax.Array | None:
@@ -152,13 +155,7 @@ def global_norm(tree: PyTree) -> jax.Array:
 def clip_to_norm(tree: PyTree, norm: jax.Array, max_norm: float) -> PyTree:
     """Floating leaves times ``min(1, max_norm / (norm + 1e-6))`` (torch's formula)."""
     coef = jnp.minimum(jnp.float32(max_norm) / (norm + jnp.float32(1e-6)), jnp.float32(1.0))
-
-    def one(x: Any) -> Any:
-        if not is_float_leaf(x):
-            return x
-        return (x.astype(compute_dtype(x.dtype)) * coef).astype(x.dtype)
-
-    return jax.tree_util.tree_map(one, tree)
+    return map_floats(lambda x: (x.astype(compute_dtype(x.dtype)) * coef).astype(x.dtype), tree)
 
 
 def clip_by_global_norm(tree: PyTree, max_norm: float) -> tuple[PyTree, jax.Array]:

@@ -404,11 +404,9 @@ class _Step:
         def overflow() -> jax.Array:
             skip = jnp.bool_(drop) if bad is None else bad | drop
             if self.on_overflow is not None:
-                # The max_consecutive_overflows error takes the callback route
-                # on every platform: JAX raises an error from a native call as
-                # JaxRuntimeError or ValueError by dispatch path, from a
-                # callback as JaxRuntimeError always (at the cost of JAX's
-                # Python dispatch path for this step).
+                # The max_consecutive_overflows error takes the callback route:
+                # JAX raises its error as JaxRuntimeError on every dispatch path
+                # (a native call's by path), at the cost of the Python path here.
                 route = "reference" if self.on_overflow.limit is not None else self.pass_backend
                 seen = host_report.report(self.on_overflow, found, scale, overflows, backend=route)
                 skip = skip & seen  # seen is found: True in this branch

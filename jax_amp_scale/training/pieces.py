@@ -42,13 +42,11 @@ class ClipGradNormState(NamedTuple):
 
 def _mean(tree: Any, k: int) -> Any:
     """Floating leaves divided by `k` in `compute_dtype`, rounded once back."""
-
-    def one(x: Any) -> Any:
-        if not is_float_leaf(x) or k == 1:
-            return x
-        return (x.astype(compute_dtype(x.dtype)) / k).astype(x.dtype)
-
-    return jax.tree_util.tree_map(one, tree)
+    if k == 1:
+        return tree
+    return helpers.map_floats(
+        lambda x: (x.astype(compute_dtype(x.dtype)) / k).astype(x.dtype), tree
+    )
 
 
 def _wait(step: Any, operands: tuple[Any, Any]) -> tuple[Any, Any]:

@@ -231,8 +231,6 @@ for _cls, _meta in _META.items():
     jax.tree_util.register_dataclass(_cls, data_fields=_data, meta_fields=_meta)
     _export.register_dataclass(_cls, _meta)
 
-SCALERS = (DynamicScaler, StaticScaler, NoOpScaler)
-
 
 def _fixed_state(value: float, dtype: Any, shape: tuple[int, ...]) -> ScaleState:
     # Factors 1.0: the core rule keeps this scale fixed whatever happens.
@@ -369,7 +367,7 @@ def as_scaler(value: Any, name: str = "scaler") -> DynamicScaler | StaticScaler 
     `DynamicScaler` without bounds or hysteresis, None the default dynamic one."""
     if value is None:
         return dynamic_scaler()
-    if isinstance(value, SCALERS):
+    if isinstance(value, DynamicScaler | StaticScaler | NoOpScaler):
         return value
     if isinstance(value, ScaleState):
         return DynamicScaler(

@@ -116,30 +116,6 @@ class Trainer:
 
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
-        scaled = self._scaled_loss(loss_fn, batch, state)
-        grads, (loss, aux) = jax.grad(scaled, has_aux=True)(params)
-        if self.axis_name is not None:
-            grads = replicas.mean_gradients(grads, self.axis_name, loss=loss)
-            loss = jax.lax.pmean(loss, self.axis_name)
-        scale_used = helpers.scale_value(state)
-        updates, new_state = self.tx.update(grads, state, params)
-        metrics = {"loss": loss.astype(jnp.float32), "scale": scale_used}
-        metrics.update(_outcome(state, new_state))
-        held = metrics["reason"] != int(ls.SkipReason.APPLIED)
-        new_params = optax.apply_updates(params, updates)
-        # Zero updates would still turn -0.0 into +0.0: keep the input bits.
-        new_params = ls.keep_where(held, params, new_params)
-        norms = instances(new_state, pieces.ClipGradNormState)
-        if norms:
-            metrics["grad_norm"] = norms[0].norm
-        if self.has_aux:
-            metrics["aux"] = aux
-        return new_params, new_state, metrics
-
-    def _scaled_loss(
-        self, loss_fn: Callable[..., Any], batch: Any, state: Any
-    ) -> Callable[[PyTree], tuple[jax.Array, tuple[jax.Array, Any]]]:
-        """``params -> (scaled loss, (loss, aux))`` under the policy."""
         policy, has_aux = self.policy, self.has_aux
 
         def scaled(p: PyTree) -> tuple[jax.Array, tuple[jax.Array, Any]]:
@@ -153,7 +129,23 @@ class Trainer:
             helpers.check_scalar_loss(loss, "loss_fn", has_aux)
             return helpers.scale_loss(loss, state), (loss, aux)
 
-        return scaled
+        grads, (loss, aux) = jax.grad(scaled, has_aux=True)(params)
+        if self.axis_name is not None:
+            grads = replicas.mean_gradients(grads, self.axis_name, loss=loss)
+            loss = jax.lax.pmean(loss, self.axis_name)
+        updates, new_state = self.tx.update(grads, state, params)
+        metrics = {"loss": loss.astype(jnp.float32), "scale": helpers.scale_value(state)}
+        metrics.update(_outcome(state, new_state))
+        held = metrics["reason"] != int(ls.SkipReason.APPLIED)
+        new_params = optax.apply_updates(params, updates)
+        # Zero updates would still turn -0.0 into +0.0: keep the input bits.
+        new_params = ls.keep_where(held, params, new_params)
+        norms = instances(new_state, pieces.ClipGradNormState)
+        if norms:
+            metrics["grad_norm"] = norms[0].norm
+        if self.has_aux:
+            metrics["aux"] = aux
+        return new_params, new_state, metrics
 
 
 def _outcome(state: Any, new_state: Any) -> dict[str, jax.Array]:
