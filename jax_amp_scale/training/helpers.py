@@ -118,11 +118,8 @@ def _inverse(state: Any) -> jax.Array | None:
 
 
 def unscale(tree: PyTree, state: Any) -> PyTree:
-    """Multiplies every floating leaf by ``float32(1 / scale)``.
-
-    Each leaf is computed in ``promote_types(dtype, float32)`` and rounded
-    once back to its own dtype; integer/bool/float0 leaves pass unchanged.
-    """
+    """Multiplies every floating leaf by ``float32(1 / scale)``, in
+    ``promote_types(dtype, float32)`` rounded once back to its own dtype."""
     inv = _inverse(state)
     if inv is None:  # identity scale: the tree as is, like scale_loss
         return tree
@@ -172,10 +169,8 @@ def clip_by_global_norm(tree: PyTree, max_norm: float) -> tuple[PyTree, jax.Arra
 
 
 def all_finite(tree: PyTree) -> jax.Array:
-    """True (bool scalar) when every floating leaf holds only finite values.
-
-    Non-floating leaves are ignored; an empty tree is finite.
-    """
+    """True (bool scalar) when every floating leaf holds only finite values
+    (non-floating leaves are ignored; an empty tree is finite)."""
     flags = [leaf_finite(x) for x in jax.tree_util.tree_leaves(tree) if is_float_leaf(x)]
     if not flags:
         return jnp.array(True)
@@ -204,8 +199,7 @@ def unscale_and_check(
       check reads the *unscaled* value, so a finite gradient that overflows
       when a scale below 1 is divided out is caught too.
 
-    With the native pass, each gradient byte is read once and written once
-    (a custom call per 64 leaves, on XLA's intra-op threads);
+    The native pass reads and writes each gradient byte once (docs/backends.md);
     under ``vmap`` it runs the reference, and it is differentiable.
     """
     checked = check_backend(backend)
@@ -223,12 +217,8 @@ def unscale_and_check(
 
 
 def nonfinite_leaves(tree: PyTree) -> PyTree:
-    """A bool scalar per leaf: True where that leaf holds an inf or NaN.
-
-    The result has the structure of `tree`; non-floating leaves report
-    False.  jit-compatible; turn it into names on the host with
-    `nonfinite_paths`.
-    """
+    """A bool scalar per leaf of `tree`: True where it holds an inf or NaN (False
+    for non-floating leaves).  `nonfinite_paths` names them on the host."""
     return jax.tree_util.tree_map(
         lambda x: jnp.logical_not(leaf_finite(x)) if is_float_leaf(x) else jnp.array(False), tree
     )
@@ -304,12 +294,9 @@ def value_and_grad(
 
     def scaled(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
         out = fun(*args, **kwargs)
-        if has_aux:
-            if not (isinstance(out, tuple) and len(out) == 2):
-                raise TypeError("with has_aux=True, fun must return a pair (loss, aux)")
-            loss, aux = out
-        else:
-            loss, aux = out, None
+        if has_aux and not (isinstance(out, tuple) and len(out) == 2):
+            raise TypeError("with has_aux=True, fun must return a pair (loss, aux)")
+        loss, aux = out if has_aux else (out, None)
         check_scalar_loss(loss, "fun", has_aux)
         return scale_loss(loss, state), (loss, aux)
 
@@ -318,8 +305,6 @@ def value_and_grad(
     def wrapped(*args: Any, **kwargs: Any) -> tuple[Any, PyTree, jax.Array]:
         grads, (loss, aux) = grad_fn(*args, **kwargs)
         grads, found = unscale_and_check(grads, state, backend=backend)
-        found = or_across(found, axis_name)
-        value = (loss, aux) if has_aux else loss
-        return value, grads, found
+        return ((loss, aux) if has_aux else loss), grads, or_across(found, axis_name)
 
     return wrapped

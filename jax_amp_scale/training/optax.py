@@ -395,10 +395,8 @@ class _Step:
         self, found: Any, bad: jax.Array | None, scale: Any, overflows: Any, total: Any
     ) -> jax.Array:
         """Whether the step is skipped: one scalar ``lax.cond`` on the overflow
-        flag, whose branches run the host reports (never on a plain step).  Its
-        result is one flag in memory, which each leaf's select reads inside that
-        leaf's update kernel.  A report returns the flag it was given: using it
-        keeps the report in the program."""
+        flag, whose branches run the host reports (never on a plain step); a
+        report returns the flag it was given: using it keeps the report."""
         drop = self.scaler.drop_overflow_update
 
         def overflow() -> jax.Array:
@@ -453,7 +451,7 @@ def optimizer_step(
         return strongly_typed((optax.apply_updates(p, u), new_st))
 
     def skip(operands: tuple[Any, Any, Any]) -> tuple[Any, Any]:
-        new_p, new_st = apply(operands)  # dead code, for matching types
-        return keep_where(True, operands[2], new_p), keep_where(True, operands[1], new_st)
+        _, st, p = operands  # apply's results are dead code, for matching types
+        return keep_where(True, (p, st), apply(operands))
 
     return jax.lax.cond(found, skip, apply, (grads, opt_state, params))

@@ -140,10 +140,6 @@ def clip_grad_norm(max_norm: float | None) -> optax.GradientTransformation:
     """
     limit = None if max_norm is None else helpers.check_max_norm(max_norm, "max_norm")
 
-    def init_fn(params: Any) -> ClipGradNormState:
-        del params
-        return ClipGradNormState(jnp.zeros((), jnp.float32))
-
     def update_fn(
         updates: Any, state: ClipGradNormState, params: Any = None
     ) -> tuple[Any, ClipGradNormState]:
@@ -153,4 +149,6 @@ def clip_grad_norm(max_norm: float | None) -> optax.GradientTransformation:
             updates = helpers.clip_to_norm(updates, norm, limit)
         return updates, ClipGradNormState(norm)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return optax.GradientTransformation(
+        lambda params: ClipGradNormState(jnp.zeros((), jnp.float32)), update_fn
+    )

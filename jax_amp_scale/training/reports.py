@@ -28,12 +28,9 @@ RUNAWAY_CAUSES = (
 
 
 class OverflowReport:
-    """Overflowing steps: the runaway warning, the scale's floor, the error.
-
-    `limit` is ``max_consecutive_overflows`` (None: no error); `floor` the
-    dynamic scaler's ``min_scale`` (None: none); `dynamic` whether the scale
-    backs off (a fixed scale never reaches 0 or a floor).
-    """
+    """Overflowing steps: the runaway warning, the scale's floor, and the
+    ``max_consecutive_overflows`` error (`limit`; `floor` is ``min_scale``;
+    only a `dynamic` scale backs off to 0 or a floor)."""
 
     def __init__(self, *, limit: int | None, floor: float | None, dynamic: bool) -> None:
         self.limit = limit
@@ -78,11 +75,8 @@ class OverflowReport:
 
 
 class NonfiniteUpdateReport:
-    """Finite gradients, non-finite update: one warning after a run of skips.
-
-    Called with the step number of each such step; a run is a sequence of
-    consecutive step numbers.
-    """
+    """Finite gradients, non-finite update: one warning after a run of skips
+    (called with each such step's number; a run is consecutive numbers)."""
 
     def __init__(self) -> None:
         self.last: int | None = None

@@ -162,10 +162,9 @@ class DynamicScaler(_Common):
         # The leaves may be anything a transformation or a test puts there.
         dtype = getattr(getattr(self.state, "scale", None), "dtype", None)
         bounds = (self.min_scale, self.max_scale, self.hysteresis, dtype)
-        lo, hi, hysteresis = checked_once(_check_bounds, *bounds)
-        object.__setattr__(self, "min_scale", lo)
-        object.__setattr__(self, "max_scale", hi)
-        object.__setattr__(self, "hysteresis", hysteresis)
+        checked = checked_once(_check_bounds, *bounds)
+        for name, value in zip(("min_scale", "max_scale", "hysteresis"), checked, strict=True):
+            object.__setattr__(self, name, value)
 
     def update(
         self, found_inf: Any, *, axis_name: Hashable | None = None, backend: Backend = "auto"
@@ -191,9 +190,8 @@ class DynamicScaler(_Common):
 class StaticScaler(_Common):
     """A fixed scale (MindSpore's ``FixedLossScaleManager``).
 
-    ``update`` validates `found_inf` and returns the scaler unchanged.  Its
+    ``update`` validates `found_inf` and returns the scaler unchanged; its
     `ScaleState` has factors 1.0, so even `update_scale` keeps the scale.
-
     Leaves: ``state``.  Static: ``drop_overflow_update``.
     """
 
@@ -206,9 +204,8 @@ class NoOpScaler(_Common):
     """No scaling (bfloat16/float32 runs): scale 1, nothing multiplied.
 
     ``unscale_and_check`` still reports non-finite gradients, so overflow
-    steps are skipped unless ``drop_overflow_update=False``.
-
-    Leaves: ``state`` (scale 1.0).  Static: ``drop_overflow_update``.
+    steps are skipped unless ``drop_overflow_update=False``.  Leaves:
+    ``state`` (scale 1.0).  Static: ``drop_overflow_update``.
     """
 
     state: ScaleState

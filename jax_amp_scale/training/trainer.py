@@ -18,10 +18,8 @@ PyTree = Any
 
 
 class Trainer:
-    """Scales the loss, differentiates, averages over replicas, steps or skips.
-
-    A thin loop over `loss_scaled` and its pieces, like torch's
-    ``GradScaler`` around an optimizer.
+    """Scales the loss, differentiates, averages over replicas, steps or skips:
+    a thin loop over `loss_scaled`, like torch's ``GradScaler`` around an optimizer.
 
     Args:
       optimizer: an optax transformation; the Trainer wraps it as
@@ -44,9 +42,9 @@ class Trainer:
       accumulate: micro-batches per optimizer step (each `step` call is one;
         parameters change on every `accumulate`-th call).
 
-    ``init(params)`` returns the optimizer state.  ``step(params, state,
-    batch, loss_fn)`` returns ``(params, state, metrics)``; ``loss_fn(params,
-    batch)`` returns a floating scalar loss (or ``(loss, aux)``).
+    ``step(params, state, batch, loss_fn)`` returns ``(params, state,
+    metrics)``; ``loss_fn(params, batch)`` returns a floating scalar loss (or
+    ``(loss, aux)``).
     ``metrics``: ``loss`` (unscaled, float32), ``scale`` (the scale this
     step's loss was multiplied by), ``skipped`` (bool: the optimizer step
     was dropped), ``found_inf`` (bool, False inside a window), ``reason``
