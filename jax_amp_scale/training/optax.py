@@ -130,13 +130,9 @@ def zeros_where(flag: Any, tree: Any) -> Any:
     return jax.tree_util.tree_map(one, tree)
 
 
-def positive_int(value: Any, name: str, *, allow_none: bool) -> int | None:
-    if value is None and allow_none:
-        return None
+def positive_int(value: Any, name: str, allowed: str = "an int >= 1") -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
-        raise ValueError(
-            f"{name} must be an int >= 1{' or None' if allow_none else ''}, got {value!r}"
-        )
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
     return int(value)
 
 
@@ -261,9 +257,7 @@ def loss_scaled(
         ``"ffi"``); the gradient pass is ``"reference"`` with
         ``"reference"``, else ``"auto"``.
 
-    ``update(grads, state, params=None, **extra_args)`` takes the gradients
-    of the *scaled* loss (``scale_loss(loss, state)``) and returns the inner
-    updates, or zeros with ``inner_state`` untouched on a skipped step.
+    ``update`` takes the gradients of the *scaled* loss (see `LossScaled`);
     ``init`` returns a `LossScaledState` of fresh arrays: donate it whole.
     """
     step = _Step.build(
@@ -311,32 +305,29 @@ class _Step:
                 f"got {type(inner).__name__}"
             )
         scaler = scalers.as_scaler(scaler)
-        limit = positive_int(
-            max_consecutive_overflows, "max_consecutive_overflows", allow_none=True
-        )
+        limit = max_consecutive_overflows
+        if limit is not None:
+            limit = positive_int(limit, "max_consecutive_overflows", "an int >= 1 or None")
         guard = skip_nonfinite_updates
         if guard is not None:
             guard = check_bool(guard, "skip_nonfinite_updates")
-        if check_bool(host_reports, "host_reports"):
-            dynamic = isinstance(scaler, scalers.DynamicScaler)
-            floor = scaler.min_scale if dynamic else None
-            on_overflow = reports.OverflowReport(limit=limit, floor=floor, dynamic=dynamic)
-            on_nonfinite: reports.NonfiniteUpdateReport | None = reports.NonfiniteUpdateReport()
-        elif limit is not None:
+        reporting = check_bool(host_reports, "host_reports")
+        if limit is not None and not reporting:
             raise ValueError(
                 "max_consecutive_overflows needs host_reports=True (it raises from a "
                 "host report); without reports, read state.consecutive_overflows instead"
             )
-        else:
-            on_overflow, on_nonfinite = None, None  # type: ignore[assignment]
+        dynamic = isinstance(scaler, scalers.DynamicScaler)
+        floor = scaler.min_scale if dynamic else None
+        overflow = reports.OverflowReport(limit=limit, floor=floor, dynamic=dynamic)
         return cls(
             inner=optax.with_extra_args_support(inner),
             scaler=scaler,
             axis_name=axis_name,
             guard=guard,
             backend=check_backend(backend),  # type: ignore[arg-type]
-            on_overflow=on_overflow,
-            on_nonfinite=on_nonfinite,
+            on_overflow=overflow if reporting else None,
+            on_nonfinite=reports.NonfiniteUpdateReport() if reporting else None,
         )
 
     def init(self, params: Any) -> LossScaledState:

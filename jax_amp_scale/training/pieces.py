@@ -85,13 +85,13 @@ def accumulate_gradients(
     nothing yourself: the mean matches a torch loop that divides each
     micro-batch loss by `k`.
     """
-    k_ = positive_int(k, "k", allow_none=False)
-    assert k_ is not None
+    k_ = positive_int(k, "k")
     if not isinstance(inner, optax.GradientTransformation):
         raise TypeError(
             f"inner must be an optax GradientTransformation, got {type(inner).__name__}"
         )
-    scaled = isinstance(inner, LossScaled)
+    # Trainer takes a LossScaled as the whole optimizer: only when it is one.
+    kind = LossScaled if isinstance(inner, LossScaled) else optax.GradientTransformationExtraArgs
     inner = optax.with_extra_args_support(inner)
 
     def init_fn(params: Any) -> AccumulationState:
@@ -122,10 +122,7 @@ def accumulate_gradients(
         mini = jnp.where(emit, 0, state.mini_step + 1).astype(jnp.int32)
         return new_updates, AccumulationState(new_inner, mini, acc)
 
-    # Trainer takes a LossScaled as the whole optimizer: only when it is one.
-    if scaled:
-        return LossScaled(init_fn, update_fn)
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return kind(init_fn, update_fn)
 
 
 def clip_grad_norm(max_norm: float | None) -> optax.GradientTransformation:

@@ -126,9 +126,8 @@ class Policy:
         def one(path: Any, x: Any) -> Any:
             if not is_float_leaf(x):
                 return x
-            target = dtype
-            if use_rules and self.keep_float32 and self._keep(path, x):
-                target = jnp.dtype(jnp.float32)
+            keep = use_rules and self.keep_float32 and self._keep(path, x)
+            target = jnp.dtype(jnp.float32) if keep else dtype
             return x if x.dtype == target else jnp.asarray(x).astype(target)
 
         return jax.tree_util.tree_map_with_path(one, tree)
@@ -222,6 +221,5 @@ def scaler_for(level: str) -> scalers.DynamicScaler | scalers.NoOpScaler:
     no-op for O0 and O3."""
     if not isinstance(level, str) or level.strip().upper() not in _PRESETS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-    if level.strip().upper() in ("O1", "O2"):
-        return scalers.dynamic_scaler()
-    return scalers.no_op_scaler()
+    dynamic = level.strip().upper() in ("O1", "O2")
+    return scalers.dynamic_scaler() if dynamic else scalers.no_op_scaler()

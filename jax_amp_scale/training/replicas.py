@@ -3,10 +3,8 @@ of the per-replica gradients (each replica differentiates its own loss).
 
 Under ``jax.shard_map`` with varying-axes checking on, the gradient of a
 parameter invariant over the axis comes back already summed there (JAX
-transposes its implicit broadcast into a ``psum``), so it is divided by the
-axis size; every other gradient (``check_vma=False``, ``pmap``, ``vmap``) is
-per-replica and averaged with ``pmean``.  ``jax.typeof(x).vma`` tells them
-apart.  Under ``jit`` over global arrays there is no axis and nothing to do.
+transposes its implicit broadcast into a ``psum``): it is divided by the axis
+size.  Every other gradient is per-replica and averaged with ``pmean``.
 """
 
 from __future__ import annotations

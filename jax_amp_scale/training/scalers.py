@@ -347,16 +347,12 @@ def static_scaler(
         raise ValueError(
             f"scale={scale!r} is not finite in {dt.name} (max {float(jnp.finfo(dt).max)})"
         )
-    return StaticScaler(
-        state=_fixed_state(value, dt, shape), drop_overflow_update=drop_overflow_update
-    )
+    return StaticScaler(_fixed_state(value, dt, shape), drop_overflow_update)
 
 
 def no_op_scaler(*, drop_overflow_update: bool = True) -> NoOpScaler:
     """A `NoOpScaler`: no scaling; non-finite steps skipped unless told otherwise."""
-    return NoOpScaler(
-        state=_fixed_state(1.0, jnp.float32, ()), drop_overflow_update=drop_overflow_update
-    )
+    return NoOpScaler(_fixed_state(1.0, jnp.float32, ()), drop_overflow_update)
 
 
 def as_scaler(value: Any, name: str = "scaler") -> DynamicScaler | StaticScaler | NoOpScaler:
@@ -367,9 +363,7 @@ def as_scaler(value: Any, name: str = "scaler") -> DynamicScaler | StaticScaler 
     if isinstance(value, DynamicScaler | StaticScaler | NoOpScaler):
         return value
     if isinstance(value, ScaleState):
-        return DynamicScaler(
-            state=value, hysteresis_left=jnp.ones(jnp.shape(value.scale), jnp.int32)
-        )
+        return DynamicScaler(value, jnp.ones(jnp.shape(value.scale), jnp.int32))
     raise TypeError(
         f"{name} must be a DynamicScaler, StaticScaler, NoOpScaler or ScaleState "
         f"(build one with dynamic_scaler(), static_scaler(x) or no_op_scaler()); "

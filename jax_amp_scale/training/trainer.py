@@ -76,8 +76,7 @@ class Trainer:
             ) from e
         if policy is not None and not isinstance(policy, Policy):
             raise TypeError(f"policy must be a Policy or None, got {type(policy).__name__}")
-        k = ls.positive_int(accumulate, "accumulate", allow_none=False)
-        assert k is not None
+        k = ls.positive_int(accumulate, "accumulate")
         if isinstance(optimizer, ls.LossScaled):
             if scaler is not None or k != 1:
                 raise ValueError(
