@@ -1,10 +1,5 @@
-"""Export library steps with `jax.export`: ``jax_amp_scale.export.export(step)``.
-
-See `jax_amp_scale.lowering.exporting` and docs/guide/export.md.
-Importing this module also imports the optax layer (when optax is
-installed), whose state types register their serialization names there:
-a process that only deserializes then knows every library pytree.
-"""
+"""Export library steps with `jax.export`: ``jax_amp_scale.export.export(step)``
+(docs/guide/export.md)."""
 
 import importlib.util as _util
 
@@ -15,7 +10,9 @@ from jax_amp_scale.lowering.exporting import (
     register_handlers,
 )
 
+# The optax layer's state types register their serialization names on import:
+# a process that only deserializes then knows every library pytree.
 if _util.find_spec("optax") is not None:
-    import jax_amp_scale.optax  # noqa: F401  (registers LossScaledState & co.)
+    import jax_amp_scale.optax  # noqa: F401
 
 __all__ = ["deserialize", "export", "exportable_targets", "register_handlers"]

@@ -1,12 +1,5 @@
-"""optax integration (needs optax: ``pip install optax``).
-
-The core: `loss_scaled(inner, scaler)`, the `LossScaled` transformation it
-returns, and its state `LossScaledState`.
-Pieces that compose with it: `accumulate_gradients` (outside: torch
-``GradScaler``'s accumulation), `clip_grad_norm` (inside: clipping after
-unscaling), `optimizer_step` (torch's ``scaler.step(opt)`` for a hand-written
-loop), `get_loss_scaled_state`, and `SkipReason` (`Trainer`'s metric).
-"""
+"""optax integration (needs optax: ``pip install optax``): `loss_scaled`, the
+pieces that compose with it, and `optimizer_step` for hand-written loops."""
 
 from jax_amp_scale.training.optax import (
     LossScaled,

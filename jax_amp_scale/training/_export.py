@@ -1,21 +1,19 @@
-"""Registration of the training layer's pytrees for ``jax.export`` serialization.
-
-``jax.export`` serializes the input and output tree structures of an exported
-function, and a custom pytree node needs a stable name there.
-"""
+"""Stable ``jax.export`` serialization names for the training layer's pytree
+nodes (an exported function's input and output structures are serialized)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from jax import export
 
 _PREFIX = "jax_amp_scale."
+T = TypeVar("T", bound=type)
 
 
-def register_namedtuple(cls: type) -> type:
+def register_namedtuple(cls: T) -> T:
     """Registers the NamedTuple `cls` under ``jax_amp_scale.<name>``."""
     export.register_namedtuple_serialization(cls, serialized_name=_PREFIX + cls.__name__)
     return cls
@@ -26,9 +24,6 @@ def register_dataclass(cls: type, meta_fields: Sequence[str]) -> type:
     fields `meta_fields` are JSON values) under ``jax_amp_scale.<name>``."""
     n = len(meta_fields)
 
-    def serialize(aux: Any) -> bytes:
-        return json.dumps(list(aux)).encode()
-
     def deserialize(data: bytes) -> tuple[Any, ...]:
         values = tuple(json.loads(data.decode()))
         if len(values) != n:
@@ -38,7 +33,7 @@ def register_dataclass(cls: type, meta_fields: Sequence[str]) -> type:
     export.register_pytree_node_serialization(
         cls,
         serialized_name=_PREFIX + cls.__name__,
-        serialize_auxdata=serialize,
+        serialize_auxdata=lambda aux: json.dumps(list(aux)).encode(),
         deserialize_auxdata=deserialize,
     )
     return cls

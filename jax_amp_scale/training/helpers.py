@@ -1,12 +1,9 @@
 """Loss-scaling helpers: scale a loss, unscale and check gradients.
 
-Every function takes the scale as ``state``: a `ScaleState`, a scaler
-(`DynamicScaler`, `StaticScaler`, `NoOpScaler`), an optax `LossScaledState`,
-any pytree holding exactly one `ScaleState`, or a plain float scalar (Python
-number or array).  Gradients are pytrees of mixed dtypes:
-floating leaves (float16, bfloat16, float32, float64) are unscaled and checked;
-integer, boolean and ``float0`` leaves pass through untouched; ``None`` is an
-empty subtree in JAX and stays ``None``.
+Every function takes the scale as ``state``: a `ScaleState`, a scaler, an
+optax `LossScaledState`, any pytree holding exactly one `ScaleState`, or a
+float scalar.  Floating leaves (float16 to float64) are unscaled and
+checked; integer, boolean and ``float0`` leaves pass; ``None`` stays ``None``.
 """
 
 from __future__ import annotations
@@ -30,11 +27,8 @@ PyTree = Any
 
 
 def find_scale_state(tree: PyTree) -> ScaleState:
-    """The one `ScaleState` inside `tree`, found by a plain pytree walk.
-
-    Raises ``ValueError`` when `tree` holds none or more than one (for
-    example an optax state with two `loss_scaled` wrappers).
-    """
+    """The one `ScaleState` inside `tree`; a ``ValueError`` when it holds none
+    or more than one (for example an optax state with two `loss_scaled`)."""
     found = instances(tree, ScaleState)
     if len(found) != 1:
         raise ValueError(
@@ -42,6 +36,19 @@ def find_scale_state(tree: PyTree) -> ScaleState:
             "pass the ScaleState, scaler or LossScaledState itself"
         )
     return found[0]
+
+
+def key_name(key: Any) -> str:
+    """One key of a pytree path as a name: a dict key, attribute or index."""
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def map_floats(fn: Callable[[jax.Array], Any], tree: PyTree) -> PyTree:
+    """`fn` on every floating leaf of `tree`; the other leaves as they are."""
+    return jax.tree_util.tree_map(lambda x: fn(x) if is_float_leaf(x) else x, tree)
 
 
 def _is_identity(state: Any) -> bool:
@@ -94,13 +101,11 @@ def scale_loss(loss: PyTree, state: Any) -> PyTree:
         return loss
     scale = scale_value(state)
 
-    def one(x: Any) -> Any:
-        if not is_float_leaf(x):
-            return x
+    def one(x: jax.Array) -> jax.Array:
         dt = compute_dtype(x.dtype)
         return x.astype(dt) * scale.astype(dt)
 
-    return jax.tree_util.tree_map(one, loss)
+    return map_floats(one, loss)
 
 
 def _inverse(state: Any) -> jax.Array | None:
@@ -112,11 +117,8 @@ def _inverse(state: Any) -> jax.Array | None:
 
 
 def unscale(tree: PyTree, state: Any) -> PyTree:
-    """Multiplies every floating leaf by ``float32(1 / scale)``.
-
-    Each leaf is computed in ``promote_types(dtype, float32)`` and rounded
-    once back to its own dtype; integer/bool/float0 leaves pass unchanged.
-    """
+    """Multiplies every floating leaf by ``float32(1 / scale)``, in
+    ``promote_types(dtype, float32)`` rounded once back to its own dtype."""
     inv = _inverse(state)
     if inv is None:  # identity scale: the tree as is, like scale_loss
         return tree
@@ -149,13 +151,7 @@ def global_norm(tree: PyTree) -> jax.Array:
 def clip_to_norm(tree: PyTree, norm: jax.Array, max_norm: float) -> PyTree:
     """Floating leaves times ``min(1, max_norm / (norm + 1e-6))`` (torch's formula)."""
     coef = jnp.minimum(jnp.float32(max_norm) / (norm + jnp.float32(1e-6)), jnp.float32(1.0))
-
-    def one(x: Any) -> Any:
-        if not is_float_leaf(x):
-            return x
-        return (x.astype(compute_dtype(x.dtype)) * coef).astype(x.dtype)
-
-    return jax.tree_util.tree_map(one, tree)
+    return map_floats(lambda x: (x.astype(compute_dtype(x.dtype)) * coef).astype(x.dtype), tree)
 
 
 def clip_by_global_norm(tree: PyTree, max_norm: float) -> tuple[PyTree, jax.Array]:
@@ -172,10 +168,8 @@ def clip_by_global_norm(tree: PyTree, max_norm: float) -> tuple[PyTree, jax.Arra
 
 
 def all_finite(tree: PyTree) -> jax.Array:
-    """True (bool scalar) when every floating leaf holds only finite values.
-
-    Non-floating leaves are ignored; an empty tree is finite.
-    """
+    """True (bool scalar) when every floating leaf holds only finite values
+    (non-floating leaves are ignored; an empty tree is finite)."""
     flags = [leaf_finite(x) for x in jax.tree_util.tree_leaves(tree) if is_float_leaf(x)]
     if not flags:
         return jnp.array(True)
@@ -193,11 +187,10 @@ def unscale_and_check(
       backend: ``"reference"``: pure JAX, one unscale and one check per leaf.
         ``"ffi"``: the native pass over all floating leaves (CPU, and
         ``aclnnForeachNonFiniteCheckAndUnscale`` on Ascend; an error at
-        lowering time elsewhere).  ``"auto"`` (default): the native call
-        on CPU and Ascend, with any number of devices (it partitions like
-        the elementwise pass it is; explicitly sharded leaves on jax < 0.7
-        take the reference), the reference elsewhere.  Both give the same
-        bits.
+        lowering time elsewhere).  ``"auto"`` (default): the native pass on
+        CPU and Ascend, with any number of devices (explicitly sharded
+        leaves on jax < 0.7 take the reference), the reference elsewhere.
+        Both give the same bits.
 
     Returns:
       ``(unscaled, found_inf)``: ``unscaled`` as from `unscale`; ``found_inf`` a
@@ -205,8 +198,7 @@ def unscale_and_check(
       check reads the *unscaled* value, so a finite gradient that overflows
       when a scale below 1 is divided out is caught too.
 
-    With the native pass, each gradient byte is read once and written once
-    (a custom call per 64 leaves, on XLA's intra-op threads);
+    The native pass reads and writes each gradient byte once (docs/backends.md);
     under ``vmap`` it runs the reference, and it is differentiable.
     """
     checked = check_backend(backend)
@@ -216,8 +208,7 @@ def unscale_and_check(
     if not floating:
         return tree, jnp.array(False)
     if inv is None:  # identity scale: nothing to multiply, only the check
-        flags = [leaf_finite(leaves[i]) for i in floating]
-        return tree, jnp.logical_not(jnp.all(jnp.stack(flags)))
+        return tree, jnp.logical_not(all_finite(tree))
     found, outs = unscale_and_check_leaves(inv, [leaves[i] for i in floating], checked)
     for i, u in zip(floating, outs, strict=True):
         leaves[i] = u
@@ -225,19 +216,11 @@ def unscale_and_check(
 
 
 def nonfinite_leaves(tree: PyTree) -> PyTree:
-    """A bool scalar per leaf: True where that leaf holds an inf or NaN.
-
-    The result has the structure of `tree`; non-floating leaves report
-    False.  jit-compatible; turn it into names on the host with
-    `nonfinite_paths`.
-    """
-
-    def one(x: Any) -> jax.Array:
-        if not is_float_leaf(x):
-            return jnp.array(False)
-        return jnp.logical_not(leaf_finite(x))
-
-    return jax.tree_util.tree_map(one, tree)
+    """A bool scalar per leaf of `tree`: True where it holds an inf or NaN (False
+    for non-floating leaves).  `nonfinite_paths` names them on the host."""
+    return jax.tree_util.tree_map(
+        lambda x: jnp.logical_not(leaf_finite(x)) if is_float_leaf(x) else jnp.array(False), tree
+    )
 
 
 def nonfinite_paths(report: PyTree) -> list[str]:
@@ -310,12 +293,9 @@ def value_and_grad(
 
     def scaled(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
         out = fun(*args, **kwargs)
-        if has_aux:
-            if not (isinstance(out, tuple) and len(out) == 2):
-                raise TypeError("with has_aux=True, fun must return a pair (loss, aux)")
-            loss, aux = out
-        else:
-            loss, aux = out, None
+        if has_aux and not (isinstance(out, tuple) and len(out) == 2):
+            raise TypeError("with has_aux=True, fun must return a pair (loss, aux)")
+        loss, aux = out if has_aux else (out, None)
         check_scalar_loss(loss, "fun", has_aux)
         return scale_loss(loss, state), (loss, aux)
 
@@ -324,8 +304,6 @@ def value_and_grad(
     def wrapped(*args: Any, **kwargs: Any) -> tuple[Any, PyTree, jax.Array]:
         grads, (loss, aux) = grad_fn(*args, **kwargs)
         grads, found = unscale_and_check(grads, state, backend=backend)
-        found = or_across(found, axis_name)
-        value = (loss, aux) if has_aux else loss
-        return value, grads, found
+        return ((loss, aux) if has_aux else loss), grads, or_across(found, axis_name)
 
     return wrapped

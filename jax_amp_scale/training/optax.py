@@ -1,24 +1,9 @@
-"""`loss_scaled`: an optax wrapper that unscales, checks and skips overflow steps.
+"""`loss_scaled`: an optax wrapper that unscales, checks and skips overflow
+steps; and `optimizer_step`, torch's ``scaler.step(opt)`` for hand-written loops.
 
-Usage::
-
-    tx = jax_amp_scale.optax.loss_scaled(optax.adam(1e-3))
-    opt_state = tx.init(params)
-
-    @jax.jit
-    def step(params, opt_state, batch):
-        grads = jax.grad(lambda p: jas.scale_loss(loss_fn(p, batch), opt_state))(params)
-        updates, opt_state = tx.update(grads, opt_state, params)   # scaled grads in
-        return optax.apply_updates(params, updates), opt_state
-
-One ``update``: average the gradients over ``axis_name`` (torch DDP), unscale
-and check them with the scaler, OR the flag over ``axis_name``, advance the
-scaler, run the inner update, and keep it or drop it (zero updates, the inner
-state untouched) with one select per leaf.  What goes beyond that lives in
-`jax_amp_scale.training.pieces` (accumulation, clipping).
-
-Also here, for loops ported from torch's ``GradScaler``: `optimizer_step`
-(``scaler.step(opt)`` for any optax optimizer, skipping on found_inf).
+One ``update``: average the gradients over ``axis_name``, unscale and check
+them with the scaler, OR the flag over ``axis_name``, advance the scaler, run
+the inner update, and keep it or drop it with one select per leaf.
 """
 
 from __future__ import annotations
@@ -27,7 +12,9 @@ import dataclasses
 import enum
 import functools
 import numbers
+import sys
 from collections.abc import Hashable
+from types import FrameType
 from typing import Any, NamedTuple
 
 import jax
@@ -39,7 +26,7 @@ from jax_amp_scale.ops.operators import or_across, report
 from jax_amp_scale.state.scale_state import ScaleState
 from jax_amp_scale.state.tree import instances, is_float_leaf, select
 from jax_amp_scale.state.validation import check_bool
-from jax_amp_scale.training import _export, callers, helpers, replicas, reports, scalers
+from jax_amp_scale.training import _export, helpers, replicas, reports, scalers
 
 
 class SkipReason(enum.IntEnum):
@@ -58,6 +45,7 @@ class SkipReason(enum.IntEnum):
     ACCUMULATING = 3
 
 
+@_export.register_namedtuple
 class LossScaledState(NamedTuple):
     """State of `loss_scaled`; its structure never depends on the options.
 
@@ -97,9 +85,6 @@ class LossScaledState(NamedTuple):
     @property
     def is_identity(self) -> bool:
         return self.scaler.is_identity
-
-
-_export.register_namedtuple(LossScaledState)
 
 
 class LossScaled(optax.GradientTransformationExtraArgs):
@@ -145,21 +130,10 @@ def zeros_where(flag: Any, tree: Any) -> Any:
     return jax.tree_util.tree_map(one, tree)
 
 
-def positive_int(value: Any, name: str, *, allow_none: bool) -> int | None:
-    if value is None and allow_none:
-        return None
+def positive_int(value: Any, name: str, allowed: str = "an int >= 1") -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
-        raise ValueError(
-            f"{name} must be an int >= 1{' or None' if allow_none else ''}, got {value!r}"
-        )
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
     return int(value)
-
-
-def _low_precision(tree: Any) -> bool:
-    return any(
-        is_float_leaf(x) and jnp.dtype(x.dtype).itemsize < 4
-        for x in jax.tree_util.tree_leaves(tree)
-    )
 
 
 def unaliased(tree: Any, *taken: Any) -> Any:
@@ -176,11 +150,6 @@ def unaliased(tree: Any, *taken: Any) -> Any:
         return x
 
     return jax.tree_util.tree_map(one, tree)
-
-
-def fresh_copy(tree: Any) -> Any:
-    """Every array leaf of `tree` copied (what the caller keeps is never handed out)."""
-    return jax.tree_util.tree_map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, tree)
 
 
 def check_same_scaler(expected: Any, got: Any) -> None:
@@ -206,15 +175,15 @@ def describe(scaler: Any) -> str:
     ]
     st = getattr(scaler, "state", None)
     if isinstance(st, ScaleState):
-        fields += [
-            f"growth_factor={st.growth_factor!r}",
-            f"backoff_factor={st.backoff_factor!r}",
-            f"growth_interval={st.growth_interval!r}",
-            f"rule={st.rule!r}",
-        ]
+        names = ("growth_factor", "backoff_factor", "growth_interval", "rule")
+        fields += [f"{name}={getattr(st, name)!r}" for name in names]
     return f"{type(scaler).__name__}({', '.join(fields)})"
 
 
+# Two optax wrappers around loss_scaled break it with no sign in their state or
+# calls: only the caller of init tells them apart (their init calls the wrapped
+# one in every optax from 0.2.4, the oldest supported, to 0.2.8;
+# tests/test_accumulate_and_guards.py checks both against the installed optax).
 WRAPPER_ERRORS = {
     "optax.MultiSteps": "loss_scaled(...) inside optax.MultiSteps: MultiSteps keeps its "
     "accumulator as (1 - emit) * acc, so one overflowing micro-batch leaves a NaN in it for "
@@ -229,7 +198,20 @@ WRAPPER_ERRORS = {
 }
 
 
-# ------------------------------------------------------------ the wrapper
+def refusing_wrapper() -> str | None:
+    """The key of `WRAPPER_ERRORS` whose wrapper called (a few frames up) the
+    ``init`` that calls this; None otherwise."""
+    frame: FrameType | None = sys._getframe(2)  # the caller of the init that asks
+    for _ in range(4):  # that init <- a chain's init <- the wrapper's init
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "init":
+            if isinstance(frame.f_locals.get("self"), optax.MultiSteps):
+                return "optax.MultiSteps"
+            if frame.f_code.co_filename == optax.apply_if_finite.__code__.co_filename:
+                return "optax.apply_if_finite"
+        frame = frame.f_back
+    return None
 
 
 def loss_scaled(
@@ -275,9 +257,7 @@ def loss_scaled(
         ``"ffi"``); the gradient pass is ``"reference"`` with
         ``"reference"``, else ``"auto"``.
 
-    ``update(grads, state, params=None, **extra_args)`` takes the gradients
-    of the *scaled* loss (``scale_loss(loss, state)``) and returns the inner
-    updates, or zeros with ``inner_state`` untouched on a skipped step.
+    ``update`` takes the gradients of the *scaled* loss (see `LossScaled`);
     ``init`` returns a `LossScaledState` of fresh arrays: donate it whole.
     """
     step = _Step.build(
@@ -325,41 +305,39 @@ class _Step:
                 f"got {type(inner).__name__}"
             )
         scaler = scalers.as_scaler(scaler)
-        limit = positive_int(
-            max_consecutive_overflows, "max_consecutive_overflows", allow_none=True
-        )
-        guard = None
-        if skip_nonfinite_updates is not None:
-            guard = check_bool(skip_nonfinite_updates, "skip_nonfinite_updates")
-        if check_bool(host_reports, "host_reports"):
-            dynamic = isinstance(scaler, scalers.DynamicScaler)
-            floor = scaler.min_scale if dynamic else None
-            on_overflow = reports.OverflowReport(limit=limit, floor=floor, dynamic=dynamic)
-            on_nonfinite: reports.NonfiniteUpdateReport | None = reports.NonfiniteUpdateReport()
-        elif limit is not None:
+        limit = max_consecutive_overflows
+        if limit is not None:
+            limit = positive_int(limit, "max_consecutive_overflows", "an int >= 1 or None")
+        guard = skip_nonfinite_updates
+        if guard is not None:
+            guard = check_bool(guard, "skip_nonfinite_updates")
+        reporting = check_bool(host_reports, "host_reports")
+        if limit is not None and not reporting:
             raise ValueError(
                 "max_consecutive_overflows needs host_reports=True (it raises from a "
                 "host report); without reports, read state.consecutive_overflows instead"
             )
-        else:
-            on_overflow, on_nonfinite = None, None  # type: ignore[assignment]
+        dynamic = isinstance(scaler, scalers.DynamicScaler)
+        floor = scaler.min_scale if dynamic else None
+        overflow = reports.OverflowReport(limit=limit, floor=floor, dynamic=dynamic)
         return cls(
             inner=optax.with_extra_args_support(inner),
             scaler=scaler,
             axis_name=axis_name,
             guard=guard,
             backend=check_backend(backend),  # type: ignore[arg-type]
-            on_overflow=on_overflow,
-            on_nonfinite=on_nonfinite,
+            on_overflow=overflow if reporting else None,
+            on_nonfinite=reports.NonfiniteUpdateReport() if reporting else None,
         )
 
     def init(self, params: Any) -> LossScaledState:
-        wrapper = callers.refusing_wrapper()
+        wrapper = refusing_wrapper()
         if wrapper is not None:
             raise TypeError(WRAPPER_ERRORS[wrapper])
         zero = functools.partial(jnp.zeros, (), jnp.int32)
-        inner_state = unaliased(self.inner.init(params), params)
-        return LossScaledState(fresh_copy(self.scaler), inner_state, zero(), zero(), zero())
+        # The transformation keeps its scaler: the state gets copies.
+        scaler, inner_state = unaliased((self.scaler, self.inner.init(params)), params, self.scaler)
+        return LossScaledState(scaler, inner_state, zero(), zero(), zero())
 
     @property
     def pass_backend(self) -> Backend:
@@ -397,7 +375,8 @@ class _Step:
         None where such steps are not skipped (`skip_nonfinite_updates`)."""
         guard = self.guard
         if guard is None:
-            low = _low_precision(updates if params is None else params)
+            leaves = jax.tree_util.tree_leaves(updates if params is None else params)
+            low = any(is_float_leaf(x) and jnp.dtype(x.dtype).itemsize < 4 for x in leaves)
             guard = self.scaler.drop_overflow_update and low
         if not guard:
             return None
@@ -408,20 +387,16 @@ class _Step:
         self, found: Any, bad: jax.Array | None, scale: Any, overflows: Any, total: Any
     ) -> jax.Array:
         """Whether the step is skipped: one scalar ``lax.cond`` on the overflow
-        flag, whose branches run the host reports (never on a plain step).  Its
-        result is one flag in memory, which each leaf's select reads inside that
-        leaf's update kernel.  A report returns the flag it was given: using it
-        keeps the report in the program."""
+        flag, whose branches run the host reports (never on a plain step); a
+        report returns the flag it was given: using it keeps the report."""
         drop = self.scaler.drop_overflow_update
 
         def overflow() -> jax.Array:
             skip = jnp.bool_(drop) if bad is None else bad | drop
             if self.on_overflow is not None:
-                # The max_consecutive_overflows error takes the callback route
-                # on every platform: JAX raises an error from a native call as
-                # JaxRuntimeError or ValueError by dispatch path, from a
-                # callback as JaxRuntimeError always (at the cost of JAX's
-                # Python dispatch path for this step).
+                # The max_consecutive_overflows error takes the callback route:
+                # JAX raises its error as JaxRuntimeError on every dispatch path
+                # (a native call's by path), at the cost of the Python path here.
                 route = "reference" if self.on_overflow.limit is not None else self.pass_backend
                 seen = report(self.on_overflow, found, scale, overflows, backend=route)
                 skip = skip & seen  # seen is found: True in this branch
@@ -468,7 +443,7 @@ def optimizer_step(
         return strongly_typed((optax.apply_updates(p, u), new_st))
 
     def skip(operands: tuple[Any, Any, Any]) -> tuple[Any, Any]:
-        new_p, new_st = apply(operands)  # dead code, for matching types
-        return keep_where(True, operands[2], new_p), keep_where(True, operands[1], new_st)
+        _, st, p = operands  # apply's results are dead code, for matching types
+        return keep_where(True, (p, st), apply(operands))
 
     return jax.lax.cond(found, skip, apply, (grads, opt_state, params))

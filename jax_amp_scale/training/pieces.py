@@ -1,11 +1,5 @@
-"""Composable pieces around `loss_scaled`, each an optax transformation.
-
-- `accumulate_gradients(loss_scaled(inner), k)`: torch ``GradScaler``'s
-  gradient accumulation, outside the loss scaling;
-- `clip_grad_norm(max_norm)`: torch's ``clip_grad_norm_``, inside it
-  (``loss_scaled(optax.chain(clip_grad_norm(1.0), inner))``), so it clips
-  unscaled gradients and records the norm.
-"""
+"""The optax pieces that compose with `loss_scaled`: `accumulate_gradients`
+(outside it) and `clip_grad_norm` (inside it, on unscaled gradients)."""
 
 from __future__ import annotations
 
@@ -18,13 +12,10 @@ import optax
 
 from jax_amp_scale.state.tree import compute_dtype, is_float_leaf, typed_as
 from jax_amp_scale.training import _export, helpers
-from jax_amp_scale.training.optax import (
-    LossScaled,
-    positive_int,
-    strongly_typed,
-)
+from jax_amp_scale.training.optax import LossScaled, positive_int, strongly_typed
 
 
+@_export.register_namedtuple
 class AccumulationState(NamedTuple):
     """State of `accumulate_gradients`.
 
@@ -41,6 +32,7 @@ class AccumulationState(NamedTuple):
     acc_grads: Any
 
 
+@_export.register_namedtuple
 class ClipGradNormState(NamedTuple):
     """State of `clip_grad_norm`: ``norm``, the float32 global norm of the
     gradients of the last applied step, before clipping (torch's return value)."""
@@ -48,25 +40,13 @@ class ClipGradNormState(NamedTuple):
     norm: jax.Array
 
 
-_export.register_namedtuple(AccumulationState)
-_export.register_namedtuple(ClipGradNormState)
-
-
-def _accumulator(params: Any) -> Any:
-    return jax.tree_util.tree_map(
-        lambda p: jnp.zeros_like(p) if is_float_leaf(p) else jnp.zeros((), jnp.int32), params
-    )
-
-
 def _mean(tree: Any, k: int) -> Any:
     """Floating leaves divided by `k` in `compute_dtype`, rounded once back."""
-
-    def one(x: Any) -> Any:
-        if not is_float_leaf(x) or k == 1:
-            return x
-        return (x.astype(compute_dtype(x.dtype)) / k).astype(x.dtype)
-
-    return jax.tree_util.tree_map(one, tree)
+    if k == 1:
+        return tree
+    return helpers.map_floats(
+        lambda x: (x.astype(compute_dtype(x.dtype)) / k).astype(x.dtype), tree
+    )
 
 
 def _wait(step: Any, operands: tuple[Any, Any]) -> tuple[Any, Any]:
@@ -98,27 +78,27 @@ def accumulate_gradients(
     the parameters' dtypes (torch's ``.grad``); on the k-th call the sum
     divided by `k` (the mean; exact for `k` a power of two) goes to `inner`,
     which unscales and checks it, steps or skips, and updates the scale once
-    per window.  An overflow in any micro-batch makes the sum non-finite, so
-    the whole window is skipped.  The other calls return zero updates and
-    leave `inner`'s state untouched.  The accumulator is reset by a select,
-    not a product, so no NaN survives the window.
+    per window.  An overflow in any micro-batch skips the whole window.  The
+    other calls return zero updates and leave `inner`'s state untouched.
 
-    `LossScaledState`'s counters thus count optimizer steps (windows):
-    3 skipped windows of 4 read ``skipped_steps == 3, total_steps == 4``.
-    Divide nothing yourself: the mean matches a torch loop that divides each
+    `LossScaledState`'s counters count optimizer steps (windows).  Divide
+    nothing yourself: the mean matches a torch loop that divides each
     micro-batch loss by `k`.
     """
-    k_ = positive_int(k, "k", allow_none=False)
-    assert k_ is not None
+    k_ = positive_int(k, "k")
     if not isinstance(inner, optax.GradientTransformation):
         raise TypeError(
             f"inner must be an optax GradientTransformation, got {type(inner).__name__}"
         )
-    scaled = isinstance(inner, LossScaled)
+    # Trainer takes a LossScaled as the whole optimizer: only when it is one.
+    kind = LossScaled if isinstance(inner, LossScaled) else optax.GradientTransformationExtraArgs
     inner = optax.with_extra_args_support(inner)
 
     def init_fn(params: Any) -> AccumulationState:
-        return AccumulationState(inner.init(params), jnp.zeros((), jnp.int32), _accumulator(params))
+        acc = jax.tree_util.tree_map(
+            lambda p: jnp.zeros_like(p) if is_float_leaf(p) else jnp.zeros((), jnp.int32), params
+        )
+        return AccumulationState(inner.init(params), jnp.zeros((), jnp.int32), acc)
 
     def update_fn(
         updates: Any, state: AccumulationState, params: Any = None, **extra_args: Any
@@ -142,10 +122,7 @@ def accumulate_gradients(
         mini = jnp.where(emit, 0, state.mini_step + 1).astype(jnp.int32)
         return new_updates, AccumulationState(new_inner, mini, acc)
 
-    # Trainer takes a LossScaled as the whole optimizer: only when it is one.
-    if scaled:
-        return LossScaled(init_fn, update_fn)
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return kind(init_fn, update_fn)
 
 
 def clip_grad_norm(max_norm: float | None) -> optax.GradientTransformation:
@@ -160,10 +137,6 @@ def clip_grad_norm(max_norm: float | None) -> optax.GradientTransformation:
     """
     limit = None if max_norm is None else helpers.check_max_norm(max_norm, "max_norm")
 
-    def init_fn(params: Any) -> ClipGradNormState:
-        del params
-        return ClipGradNormState(jnp.zeros((), jnp.float32))
-
     def update_fn(
         updates: Any, state: ClipGradNormState, params: Any = None
     ) -> tuple[Any, ClipGradNormState]:
@@ -173,4 +146,6 @@ def clip_grad_norm(max_norm: float | None) -> optax.GradientTransformation:
             updates = helpers.clip_to_norm(updates, norm, limit)
         return updates, ClipGradNormState(norm)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return optax.GradientTransformation(
+        lambda params: ClipGradNormState(jnp.zeros((), jnp.float32)), update_fn
+    )

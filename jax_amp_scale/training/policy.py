@@ -1,42 +1,8 @@
-"""Precision policies: which dtype parameters, computation and outputs use.
+"""Precision policies: the dtypes of parameters, computation and outputs.
 
-`Policy(param_dtype, compute_dtype, output_dtype)` follows jmp's convention
-(and accepts its policy strings, see `get_policy`), with one addition: rules
-that keep some leaves in float32 whatever the compute dtype, chosen by the
-names on their pytree path (for example norm layers under O2).
-
-A string rule matches *whole names*: the regular expression must match one
-whole component of the leaf's path (``re.fullmatch``), a component being a
-dict key, attribute name or index, with haiku's ``"a/~/b"`` keys split at
-``/``.  So the O1/O2 norm rule keeps ``LayerNorm_0``, ``layer_norm``,
-``post_attention_layernorm``, ``bn1`` and ``ln_f``, but not
-``kernel_ln_proj`` or ``unnormalized_head``.
-
-Levels (``get_policy("O0")`` ... ``"O3"``, after the Apex/MindSpore AMP
-levels) and the scaler each pairs with (`scaler_for`):
-
-=====  ========  ========  ========  ===========================  ===========
-level  params    compute   output    kept float32                 loss scale
-=====  ========  ========  ========  ===========================  ===========
-O0     float32   float32   float32   (everything is)              none
-O1     float32   float16   float32   norm layers and every leaf   dynamic
-                                     of rank < 2 (biases, scales)
-O2     float32   float16   float32   norm layers                  dynamic
-O3     float16   float16   float16   nothing                      none
-=====  ========  ========  ========  ===========================  ===========
-
-Parameters (the master weights the optimizer updates) stay float32 in O0-O2;
-``cast_to_compute`` makes the float16 copy the forward pass uses, and the
-gradients flow back through that cast in float32.  O3 stores and updates
-float16 parameters and does not scale.
-
-JAX runs an operation in float16 only when all its floating operands are
-float16 (type promotion widens mixed ones to float32).  O1 approximates the
-"white list of compute-heavy ops" of the spec with pytree casting alone: its
-matrix and convolution weights (rank >= 2) and inputs become float16, its
-vectors stay float32, so matmuls are float16 where their input activations
-are.  Models that set per-layer dtypes themselves (flax ``dtype=``) get exact
-control; policies only cast pytrees.
+`Policy` follows jmp's convention and adds ``keep_float32`` rules, matched
+against whole names on a leaf's path; the O0-O3 levels and the scaler each
+pairs with (`scaler_for`) are tabled in docs/guide/training.md.
 """
 
 from __future__ import annotations
@@ -53,6 +19,7 @@ import numpy as np
 from jax_amp_scale.state.tree import is_float_leaf
 from jax_amp_scale.state.validation import check_dtype
 from jax_amp_scale.training import scalers
+from jax_amp_scale.training.helpers import key_name
 
 PyTree = Any
 KeepRule = str | Callable[[str, Any], bool]
@@ -68,20 +35,8 @@ NORM_RULES: tuple[str, ...] = (
 
 def path_names(path: Any) -> list[str]:
     """The whole names a string rule is matched against, for one key path."""
-    names: list[str] = []
-    for key in path:
-        if isinstance(key, jax.tree_util.DictKey):
-            name = str(key.key)
-        elif isinstance(key, jax.tree_util.GetAttrKey):
-            name = key.name
-        elif isinstance(key, jax.tree_util.SequenceKey):
-            name = str(key.idx)
-        elif isinstance(key, jax.tree_util.FlattenedIndexKey):
-            name = str(key.key)
-        else:
-            name = str(key)
-        names.extend(part for part in name.split("/") if part and part != "~")
-    return names
+    names = (key_name(key).split("/") for key in path)  # haiku's "a/~/b"
+    return [part for parts in names for part in parts if part and part != "~"]
 
 
 def _rank_below_2(path: str, leaf: Any) -> bool:
@@ -89,18 +44,10 @@ def _rank_below_2(path: str, leaf: Any) -> bool:
 
 
 _DTYPE_NAMES = {
-    "float32": jnp.float32,
-    "f32": jnp.float32,
-    "full": jnp.float32,
-    "single": jnp.float32,
-    "float16": jnp.float16,
-    "f16": jnp.float16,
-    "half": jnp.float16,
-    "bfloat16": jnp.bfloat16,
-    "bf16": jnp.bfloat16,
-    "float64": jnp.float64,
-    "f64": jnp.float64,
-    "double": jnp.float64,
+    **dict.fromkeys(("float32", "f32", "full", "single"), jnp.float32),
+    **dict.fromkeys(("float16", "f16", "half"), jnp.float16),
+    **dict.fromkeys(("bfloat16", "bf16"), jnp.bfloat16),
+    **dict.fromkeys(("float64", "f64", "double"), jnp.float64),
 }
 _FLOAT_DTYPES = {jnp.dtype(d) for d in _DTYPE_NAMES.values()}
 
@@ -146,10 +93,10 @@ class Policy:
       output_dtype: dtype of the model's outputs (the loss, logits).
       keep_float32: rules selecting leaves that `cast_to_param` and
         `cast_to_compute` put in float32 instead: a regex must match one
-        whole name on the leaf's path (``re.fullmatch``; see the module
-        docstring), a callable gets ``(path, leaf)`` with the path as
-        ``jax.tree_util.keystr`` (``"['LayerNorm_0']['scale']"``) and
-        returns a bool.
+        whole name on the leaf's path (a dict key, attribute or index;
+        haiku's ``a/~/b`` split at ``/``); a callable gets ``(path, leaf)``,
+        the path as ``jax.tree_util.keystr`` (``"['LayerNorm_0']['scale']"``),
+        and returns a bool.
 
     Casts touch floating leaves only (integer, bool, float0 leaves and
     ``None`` pass); a leaf already in the target dtype is returned as is.
@@ -179,9 +126,8 @@ class Policy:
         def one(path: Any, x: Any) -> Any:
             if not is_float_leaf(x):
                 return x
-            target = dtype
-            if use_rules and self.keep_float32 and self._keep(path, x):
-                target = jnp.dtype(jnp.float32)
+            keep = use_rules and self.keep_float32 and self._keep(path, x)
+            target = jnp.dtype(jnp.float32) if keep else dtype
             return x if x.dtype == target else jnp.asarray(x).astype(target)
 
         return jax.tree_util.tree_map_with_path(one, tree)
@@ -216,12 +162,9 @@ _PRESETS: dict[str, Policy] = {
 }
 
 _KEYS = {
-    "params": "param_dtype",
-    "p": "param_dtype",
-    "compute": "compute_dtype",
-    "c": "compute_dtype",
-    "output": "output_dtype",
-    "o": "output_dtype",
+    **dict.fromkeys(("params", "p"), "param_dtype"),
+    **dict.fromkeys(("compute", "c"), "compute_dtype"),
+    **dict.fromkeys(("output", "o"), "output_dtype"),
 }
 
 
@@ -229,8 +172,8 @@ def get_policy(name: str) -> Policy:
     """A level preset or a parsed jmp policy string.
 
     Args:
-      name: ``"O0"``, ``"O1"``, ``"O2"`` or ``"O3"`` (see the module table;
-        case-insensitive); or a jmp string such as
+      name: ``"O0"``, ``"O1"``, ``"O2"`` or ``"O3"`` (case-insensitive; see
+        docs/guide/training.md); or a jmp string such as
         ``"params=float32,compute=float16,output=float32"`` (keys ``params``/``p``,
         ``compute``/``c``, ``output``/``o``; dtypes ``float32``/``f32``/``full``/
         ``single``, ``float16``/``f16``/``half``, ``bfloat16``/``bf16``,
@@ -278,6 +221,5 @@ def scaler_for(level: str) -> scalers.DynamicScaler | scalers.NoOpScaler:
     no-op for O0 and O3."""
     if not isinstance(level, str) or level.strip().upper() not in _PRESETS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-    if level.strip().upper() in ("O1", "O2"):
-        return scalers.dynamic_scaler()
-    return scalers.no_op_scaler()
+    dynamic = level.strip().upper() in ("O1", "O2")
+    return scalers.dynamic_scaler() if dynamic else scalers.no_op_scaler()

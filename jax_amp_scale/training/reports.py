@@ -1,10 +1,6 @@
-"""The host side of `loss_scaled`'s reports: warnings and the runaway error.
-
-Each report is a function of NumPy arrays run on the host from inside a
-jitted step (`jax_amp_scale.ops.operators.report`), only on the steps its flag
-marks: an overflowing step, or a finite step whose update was skipped.
-Under ``vmap`` or with several devices the arrays hold every member's value.
-"""
+"""The host side of `loss_scaled`'s reports: warnings and the runaway error,
+each run from inside a jitted step (`jax_amp_scale.ops.operators.report`) with NumPy
+arrays (every member's value under ``vmap`` or on several devices)."""
 
 from __future__ import annotations
 
@@ -32,12 +28,9 @@ RUNAWAY_CAUSES = (
 
 
 class OverflowReport:
-    """Overflowing steps: the runaway warning, the scale's floor, the error.
-
-    `limit` is ``max_consecutive_overflows`` (None: no error); `floor` the
-    dynamic scaler's ``min_scale`` (None: none); `dynamic` whether the scale
-    backs off (a fixed scale never reaches 0 or a floor).
-    """
+    """Overflowing steps: the runaway warning, the scale's floor, and the
+    ``max_consecutive_overflows`` error (`limit`; `floor` is ``min_scale``;
+    only a `dynamic` scale backs off to 0 or a floor)."""
 
     def __init__(self, *, limit: int | None, floor: float | None, dynamic: bool) -> None:
         self.limit = limit
@@ -82,11 +75,8 @@ class OverflowReport:
 
 
 class NonfiniteUpdateReport:
-    """Finite gradients, non-finite update: one warning after a run of skips.
-
-    Called with the step number of each such step; a run is a sequence of
-    consecutive step numbers.
-    """
+    """Finite gradients, non-finite update: one warning after a run of skips
+    (called with each such step's number; a run is consecutive numbers)."""
 
     def __init__(self) -> None:
         self.last: int | None = None

@@ -1,19 +1,9 @@
-"""Scalers: the object that holds a `ScaleState` and the policy adjusting it.
+"""Scalers: immutable pytrees holding one `ScaleState` and the policy that
+adjusts it (`DynamicScaler`, `StaticScaler`, `NoOpScaler`; interface `Scaler`).
 
-Three kinds share one interface (`Scaler`), each an immutable pytree holding
-exactly one core `ScaleState`:
-
-- `DynamicScaler` (`dynamic_scaler`): torch ``GradScaler``'s rule, with
-  optional bounds and hysteresis;
-- `StaticScaler` (`static_scaler`): a fixed scale;
-- `NoOpScaler` (`no_op_scaler`): no scaling, only the non-finite check.
-
-Vocabulary: the *scale* is the number the loss is multiplied by
-(``scaler.scale``, a float array); the *scaler* is this object.  Methods:
-``scale_loss(loss)``, ``unscale(grads)``, ``unscale_and_check(grads)`` and
-``update(found_inf)`` (torch's name and polarity: True means an overflow).
-jmp's ``adjust(grads_finite)`` takes the opposite flag, so ``adjust`` raises
-a TypeError that shows the fix instead of silently inverting it.
+``update(found_inf)`` takes torch's flag (True: an overflow); jmp's
+``adjust(grads_finite)`` takes the opposite, so ``adjust`` raises a TypeError
+that shows the fix instead of silently inverting it.
 """
 
 from __future__ import annotations
@@ -65,24 +55,17 @@ class Scaler(Protocol):
 
     @property
     def scale(self) -> jax.Array: ...
-
     @property
     def scale_state(self) -> ScaleState: ...
-
     @property
     def drop_overflow_update(self) -> bool: ...
-
     @property
     def is_identity(self) -> bool: ...
-
     def scale_loss(self, loss: PyTree) -> PyTree: ...
-
     def unscale(self, grads: PyTree) -> PyTree: ...
-
     def unscale_and_check(
         self, grads: PyTree, *, backend: Backend = "auto"
     ) -> tuple[PyTree, jax.Array]: ...
-
     def update(
         self, found_inf: Any, *, axis_name: Hashable | None = None, backend: Backend = "auto"
     ) -> Scaler: ...
@@ -178,10 +161,9 @@ class DynamicScaler(_Common):
         # The leaves may be anything a transformation or a test puts there.
         dtype = getattr(getattr(self.state, "scale", None), "dtype", None)
         bounds = (self.min_scale, self.max_scale, self.hysteresis, dtype)
-        lo, hi, hysteresis = checked_once(_check_bounds, *bounds)
-        object.__setattr__(self, "min_scale", lo)
-        object.__setattr__(self, "max_scale", hi)
-        object.__setattr__(self, "hysteresis", hysteresis)
+        checked = checked_once(_check_bounds, *bounds)
+        for name, value in zip(("min_scale", "max_scale", "hysteresis"), checked, strict=True):
+            object.__setattr__(self, name, value)
 
     def update(
         self, found_inf: Any, *, axis_name: Hashable | None = None, backend: Backend = "auto"
@@ -197,10 +179,7 @@ class DynamicScaler(_Common):
         if self.hysteresis > 1:  # with 1, left > 0 never holds after an overflow
             scale = jnp.where(found & (left > 0), self.state.scale, scale)
         if self.min_scale is not None or self.max_scale is not None:
-            dt = scale.dtype
-            lo = None if self.min_scale is None else jnp.asarray(self.min_scale, dt)
-            hi = None if self.max_scale is None else jnp.asarray(self.max_scale, dt)
-            scale = jnp.clip(scale, lo, hi)
+            scale = jnp.clip(scale, self.min_scale, self.max_scale)  # bounds in scale's dtype
         return dataclasses.replace(
             self, state=dataclasses.replace(new, scale=scale), hysteresis_left=left
         )
@@ -210,9 +189,8 @@ class DynamicScaler(_Common):
 class StaticScaler(_Common):
     """A fixed scale (MindSpore's ``FixedLossScaleManager``).
 
-    ``update`` validates `found_inf` and returns the scaler unchanged.  Its
+    ``update`` validates `found_inf` and returns the scaler unchanged; its
     `ScaleState` has factors 1.0, so even `update_scale` keeps the scale.
-
     Leaves: ``state``.  Static: ``drop_overflow_update``.
     """
 
@@ -225,9 +203,8 @@ class NoOpScaler(_Common):
     """No scaling (bfloat16/float32 runs): scale 1, nothing multiplied.
 
     ``unscale_and_check`` still reports non-finite gradients, so overflow
-    steps are skipped unless ``drop_overflow_update=False``.
-
-    Leaves: ``state`` (scale 1.0).  Static: ``drop_overflow_update``.
+    steps are skipped unless ``drop_overflow_update=False``.  Leaves:
+    ``state`` (scale 1.0).  Static: ``drop_overflow_update``.
     """
 
     state: ScaleState
@@ -249,8 +226,6 @@ for _cls, _meta in _META.items():
     _data = [f.name for f in dataclasses.fields(_cls) if f.name not in _meta]
     jax.tree_util.register_dataclass(_cls, data_fields=_data, meta_fields=_meta)
     _export.register_dataclass(_cls, _meta)
-
-SCALERS = (DynamicScaler, StaticScaler, NoOpScaler)
 
 
 def _fixed_state(value: float, dtype: Any, shape: tuple[int, ...]) -> ScaleState:
@@ -291,7 +266,6 @@ def _warn_direction(state: ScaleState, growth_factor: Any, backoff_factor: Any) 
         warnings.warn(
             f"dynamic_scaler: backoff_factor={backoff_factor} >= 1 does not reduce the scale "
             "on an overflow; use a value in (0, 1), such as torch's 0.5",
-            UserWarning,
             stacklevel=3,
         )
     if state.growth_factor <= 1.0:
@@ -299,7 +273,6 @@ def _warn_direction(state: ScaleState, growth_factor: Any, backoff_factor: Any) 
             f"dynamic_scaler: growth_factor={growth_factor} <= 1 does not grow the scale "
             "after growth_interval finite steps; use a value > 1, such as torch's 2.0 "
             "(or static_scaler(x) for a fixed scale)",
-            UserWarning,
             stacklevel=3,
         )
 
@@ -373,16 +346,12 @@ def static_scaler(
         raise ValueError(
             f"scale={scale!r} is not finite in {dt.name} (max {float(jnp.finfo(dt).max)})"
         )
-    return StaticScaler(
-        state=_fixed_state(value, dt, shape), drop_overflow_update=drop_overflow_update
-    )
+    return StaticScaler(_fixed_state(value, dt, shape), drop_overflow_update)
 
 
 def no_op_scaler(*, drop_overflow_update: bool = True) -> NoOpScaler:
     """A `NoOpScaler`: no scaling; non-finite steps skipped unless told otherwise."""
-    return NoOpScaler(
-        state=_fixed_state(1.0, jnp.float32, ()), drop_overflow_update=drop_overflow_update
-    )
+    return NoOpScaler(_fixed_state(1.0, jnp.float32, ()), drop_overflow_update)
 
 
 def as_scaler(value: Any, name: str = "scaler") -> DynamicScaler | StaticScaler | NoOpScaler:
@@ -390,12 +359,10 @@ def as_scaler(value: Any, name: str = "scaler") -> DynamicScaler | StaticScaler 
     `DynamicScaler` without bounds or hysteresis, None the default dynamic one."""
     if value is None:
         return dynamic_scaler()
-    if isinstance(value, SCALERS):
+    if isinstance(value, DynamicScaler | StaticScaler | NoOpScaler):
         return value
     if isinstance(value, ScaleState):
-        return DynamicScaler(
-            state=value, hysteresis_left=jnp.ones(jnp.shape(value.scale), jnp.int32)
-        )
+        return DynamicScaler(value, jnp.ones(jnp.shape(value.scale), jnp.int32))
     raise TypeError(
         f"{name} must be a DynamicScaler, StaticScaler, NoOpScaler or ScaleState "
         f"(build one with dynamic_scaler(), static_scaler(x) or no_op_scaler()); "

@@ -1,13 +1,5 @@
-"""`Trainer`: one jit-compatible mixed-precision step for functional code.
-
-Usage::
-
-    trainer = jas.Trainer(optax.adam(1e-3), jas.dynamic_scaler(), policy=jas.get_policy("O2"))
-    state = trainer.init(params)
-    step = jax.jit(trainer.step, static_argnums=3)
-    for batch in data:
-        params, state, metrics = step(params, state, batch, loss_fn)
-"""
+"""`Trainer`: one jit-compatible mixed-precision step for functional code
+(docs/guide/training.md shows it in a loop)."""
 
 from __future__ import annotations
 
@@ -26,10 +18,8 @@ PyTree = Any
 
 
 class Trainer:
-    """Scales the loss, differentiates, averages over replicas, steps or skips.
-
-    A thin loop over `loss_scaled` and its pieces, like torch's
-    ``GradScaler`` around an optimizer.
+    """Scales the loss, differentiates, averages over replicas, steps or skips:
+    a thin loop over `loss_scaled`, like torch's ``GradScaler`` around an optimizer.
 
     Args:
       optimizer: an optax transformation; the Trainer wraps it as
@@ -52,9 +42,9 @@ class Trainer:
       accumulate: micro-batches per optimizer step (each `step` call is one;
         parameters change on every `accumulate`-th call).
 
-    ``init(params)`` returns the optimizer state.  ``step(params, state,
-    batch, loss_fn)`` returns ``(params, state, metrics)``; ``loss_fn(params,
-    batch)`` returns a floating scalar loss (or ``(loss, aux)``).
+    ``step(params, state, batch, loss_fn)`` returns ``(params, state,
+    metrics)``; ``loss_fn(params, batch)`` returns a floating scalar loss (or
+    ``(loss, aux)``).
     ``metrics``: ``loss`` (unscaled, float32), ``scale`` (the scale this
     step's loss was multiplied by), ``skipped`` (bool: the optimizer step
     was dropped), ``found_inf`` (bool, False inside a window), ``reason``
@@ -86,8 +76,7 @@ class Trainer:
             ) from e
         if policy is not None and not isinstance(policy, Policy):
             raise TypeError(f"policy must be a Policy or None, got {type(policy).__name__}")
-        k = ls.positive_int(accumulate, "accumulate", allow_none=False)
-        assert k is not None
+        k = ls.positive_int(accumulate, "accumulate")
         if isinstance(optimizer, ls.LossScaled):
             if scaler is not None or k != 1:
                 raise ValueError(
@@ -124,30 +113,6 @@ class Trainer:
 
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
-        scaled = self._scaled_loss(loss_fn, batch, state)
-        grads, (loss, aux) = jax.grad(scaled, has_aux=True)(params)
-        if self.axis_name is not None:
-            grads = replicas.mean_gradients(grads, self.axis_name, loss=loss)
-            loss = jax.lax.pmean(loss, self.axis_name)
-        scale_used = helpers.scale_value(state)
-        updates, new_state = self.tx.update(grads, state, params)
-        metrics = {"loss": loss.astype(jnp.float32), "scale": scale_used}
-        metrics.update(_outcome(state, new_state))
-        held = metrics["reason"] != int(ls.SkipReason.APPLIED)
-        new_params = optax.apply_updates(params, updates)
-        # Zero updates would still turn -0.0 into +0.0: keep the input bits.
-        new_params = ls.keep_where(held, params, new_params)
-        norms = instances(new_state, pieces.ClipGradNormState)
-        if norms:
-            metrics["grad_norm"] = norms[0].norm
-        if self.has_aux:
-            metrics["aux"] = aux
-        return new_params, new_state, metrics
-
-    def _scaled_loss(
-        self, loss_fn: Callable[..., Any], batch: Any, state: Any
-    ) -> Callable[[PyTree], tuple[jax.Array, tuple[jax.Array, Any]]]:
-        """``params -> (scaled loss, (loss, aux))`` under the policy."""
         policy, has_aux = self.policy, self.has_aux
 
         def scaled(p: PyTree) -> tuple[jax.Array, tuple[jax.Array, Any]]:
@@ -161,7 +126,23 @@ class Trainer:
             helpers.check_scalar_loss(loss, "loss_fn", has_aux)
             return helpers.scale_loss(loss, state), (loss, aux)
 
-        return scaled
+        grads, (loss, aux) = jax.grad(scaled, has_aux=True)(params)
+        if self.axis_name is not None:
+            grads = replicas.mean_gradients(grads, self.axis_name, loss=loss)
+            loss = jax.lax.pmean(loss, self.axis_name)
+        updates, new_state = self.tx.update(grads, state, params)
+        metrics = {"loss": loss.astype(jnp.float32), "scale": helpers.scale_value(state)}
+        metrics.update(_outcome(state, new_state))
+        held = metrics["reason"] != int(ls.SkipReason.APPLIED)
+        new_params = optax.apply_updates(params, updates)
+        # Zero updates would still turn -0.0 into +0.0: keep the input bits.
+        new_params = ls.keep_where(held, params, new_params)
+        norms = instances(new_state, pieces.ClipGradNormState)
+        if norms:
+            metrics["grad_norm"] = norms[0].norm
+        if self.has_aux:
+            metrics["aux"] = aux
+        return new_params, new_state, metrics
 
 
 def _outcome(state: Any, new_state: Any) -> dict[str, jax.Array]:
@@ -173,14 +154,10 @@ def _outcome(state: Any, new_state: Any) -> dict[str, jax.Array]:
     skipped = new.skipped_steps > old.skipped_steps
     found = stepped & new.found_inf
     why = ls.SkipReason
-    reason = jnp.where(
-        ~stepped,
-        int(why.ACCUMULATING),
-        jnp.where(
-            skipped,
-            jnp.where(found, int(why.OVERFLOW), int(why.NONFINITE_UPDATE)),
-            int(why.APPLIED),
-        ),
+    reason = jnp.select(
+        [~stepped, skipped & found, skipped],
+        [why.ACCUMULATING, why.OVERFLOW, why.NONFINITE_UPDATE],
+        why.APPLIED,
     ).astype(jnp.int32)
     return {
         "skipped": skipped,
