@@ -2,24 +2,14 @@
 
 `jax.export` serializes a custom call only when its target is on JAX's list
 of targets with compatibility guarantees, or when the caller disables that
-check for the target by name.  The library gives the guarantee itself: every
-FFI target name carries the version of its operands and attributes
-(ffi/targets.h), a change gets a new name, and a published name stays
-registered with a handler for its own set (tests/fixtures/ holds artifacts
-every release must run with the same bits).  So the check is disabled here
-for exactly those names and no other:
-
-- `export(fun, ...)`: `jax.export.export` with the library's targets
-  allowed (and your own `disabled_checks` added).
-- `deserialize(blob)`: registers the native handlers, then
-  `jax.export.deserialize`.  Call it (or `register_handlers`) in the process
-  that runs an artifact: a fresh process has not registered them yet.
-- `exportable_targets()`: the names, for a call of `jax.export.export`
-  written by hand.
-
-Pytrees: `ScaleState` is registered for serialization by the state layer
-(``"jax_amp_scale.ScaleState"``), the training states by the training layer.
-Serializing needs the ``flatbuffers`` package (the ``export`` extra).
+check for the target by name.  The library gives the guarantee itself:
+every FFI target name carries the version of its operands and attributes
+(ffi/targets.h), and a published name stays registered with a handler for
+its own set (tests/fixtures/ holds artifacts every release must run with the
+same bits).  So `export` disables the check for exactly those names
+(`exportable_targets`), and `deserialize` registers the handlers first (a
+fresh process has not).  Serializing needs ``flatbuffers`` (the ``export``
+extra).
 """
 
 from __future__ import annotations

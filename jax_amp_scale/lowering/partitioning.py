@@ -199,19 +199,11 @@ def elementwise_pass(run: Pass) -> Pass:
 
 
 def _sharded_alike(leaves: list[jax.Array], outs: list[jax.Array]) -> list[jax.Array]:
-    """`outs`, each in one sharding group with its operand in `leaves`.
-
-    Shardy propagates through element-wise ops before any other op, and a
-    custom call is not one: the optimizer's parameter-like shardings stopped
-    at the results, and the weight-gradient dots producing the operands
-    took theirs from the batch instead (issue 30: an extra all-gather of the
-    input and an all-to-all after the call; GSPMD did the same).  In one
-    group (`shard_alike`), a sharding either side gets is the other's at
-    once, so the call is as transparent as the plain step's element-wise
-    unscale and the program partitions like it
-    (tests/multidevice/test_step_collectives.py).  Without it (jax >= 0.12)
-    the results are the same bits and XLA may place the collectives of the
-    backward pass otherwise.
+    """`outs`, each in one sharding group with its operand in `leaves`, so
+    the partitioner carries shardings through the call as through the plain
+    step's elementwise unscale (ARCHITECTURE.md; tests/multidevice/
+    test_step_collectives.py).  Without `shard_alike` (jax >= 0.12) the bits
+    are the same and XLA may place the backward pass's collectives otherwise.
     """
     if shard_alike is None:
         return outs

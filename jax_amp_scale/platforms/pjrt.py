@@ -1,27 +1,15 @@
 """Register the native handlers on a PJRT plugin platform (Ascend, CUDA).
 
-JAX runs accelerators other than CPU/GPU/TPU through PJRT plugins.  A
-plugin's Python side may forward ``jax.ffi.register_ffi_target(...,
+A plugin's Python side may forward ``jax.ffi.register_ffi_target(...,
 platform=name)`` to the plugin (the jax CUDA plugin does when its
 ``jax_cuda12_plugin`` companion is installed); the public experimental
 Ascend plugin does not.  `register` takes whichever route works:
-
-* ``"jax.ffi"``: the plugin's Python side has a custom-call handler for the
-  platform, so ``jax.ffi.register_ffi_target`` reaches it;
-* ``"pjrt"``: otherwise, through the PJRT C API FFI extension of the plugin
-  library (``GetPjrtApi()``, the extension chain, ``register_handler`` with
-  the platform name), in ``plugin/pjrt_register.cc``.
-
-After it, ``update_scale(..., backend="ffi")`` lowers to the native handler
-on that platform, and ``backend="auto"`` prefers it on Ascend.  Without a
-call, the first `update_scale` or `unscale_and_check` traced in a process
-whose JAX runs one of the platforms named in ``$JAX_AMP_SCALE_PLUGIN_PLATFORMS``
-(comma separated; default ``ascend,npu``) registers it (see
-`jax_amp_scale.platforms.handlers`); a failure there is kept in
-``jax_amp_scale.platforms.handlers.load_errors()`` instead of raised.
-Importing the package touches no plugin.  The two JAX internals a
-registration reads are isolated in `jax_amp_scale.platforms.jax_internals`
-(why, which JAX versions, what happens without them).
+``"jax.ffi"`` where that forwarding exists, else ``"pjrt"``: the plugin
+library's PJRT C API FFI extension (``plugin/pjrt_register.cc``).  Without
+a call, `jax_amp_scale.platforms.handlers` registers the platforms named in
+``$JAX_AMP_SCALE_PLUGIN_PLATFORMS`` at first use (docs/guide/plugins.md).
+The two JAX internals a registration reads are isolated in
+`jax_amp_scale.platforms.jax_internals`.
 """
 
 from __future__ import annotations
