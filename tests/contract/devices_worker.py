@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import os
 
-_FLAG = "--xla_force_host_platform_device_count"
-if _FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}=8".strip()
+from tests import virtual_devices
+
+virtual_devices.use(8)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import collections  # noqa: E402

@@ -5,11 +5,9 @@ must be started for these tests alone: `python -m pytest tests/multidevice`
 with ``JAS_MULTIDEVICE=1`` (tests/test_multidevice.py does that).
 """
 
-import os
+from tests import virtual_devices
 
-_FLAG = "--xla_force_host_platform_device_count"
-if _FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}=8".strip()
+virtual_devices.use(8)
 
 import jax  # noqa: E402  (after the flag: XLA reads it when JAX starts its backend)
 import pytest  # noqa: E402
