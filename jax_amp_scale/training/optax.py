@@ -279,7 +279,7 @@ class _Step:
     inner: optax.GradientTransformationExtraArgs
     scaler: Any  # decides the configuration; the state's scaler must match it
     axis_name: Hashable | None
-    guard: bool | None
+    skip_nonfinite: bool | None  # skip_nonfinite_updates; None: decided per step
     backend: Backend
     on_overflow: reports.OverflowReport | None  # None: host_reports=False
     on_nonfinite: reports.NonfiniteUpdateReport | None
@@ -308,9 +308,9 @@ class _Step:
         limit = max_consecutive_overflows
         if limit is not None:
             limit = positive_int(limit, "max_consecutive_overflows", "an int >= 1 or None")
-        guard = skip_nonfinite_updates
-        if guard is not None:
-            guard = check_bool(guard, "skip_nonfinite_updates")
+        skip_nonfinite = skip_nonfinite_updates
+        if skip_nonfinite is not None:
+            skip_nonfinite = check_bool(skip_nonfinite, "skip_nonfinite_updates")
         reporting = check_bool(host_reports, "host_reports")
         if limit is not None and not reporting:
             raise ValueError(
@@ -324,7 +324,7 @@ class _Step:
             inner=optax.with_extra_args_support(inner),
             scaler=scaler,
             axis_name=axis_name,
-            guard=guard,
+            skip_nonfinite=skip_nonfinite,
             backend=check_backend(backend),  # type: ignore[arg-type]
             on_overflow=overflow if reporting else None,
             on_nonfinite=reports.NonfiniteUpdateReport() if reporting else None,
@@ -373,12 +373,12 @@ class _Step:
     def nonfinite_update(self, updates: Any, new_updates: Any, params: Any) -> jax.Array | None:
         """Whether a finite step's update (or new parameters) is not finite;
         None where such steps are not skipped (`skip_nonfinite_updates`)."""
-        guard = self.guard
-        if guard is None:
+        skip = self.skip_nonfinite
+        if skip is None:
             leaves = jax.tree_util.tree_leaves(updates if params is None else params)
             low = any(is_float_leaf(x) and jnp.dtype(x.dtype).itemsize < 4 for x in leaves)
-            guard = self.scaler.drop_overflow_update and low
-        if not guard:
+            skip = self.scaler.drop_overflow_update and low
+        if not skip:
             return None
         new = new_updates if params is None else optax.apply_updates(params, new_updates)
         return jnp.logical_not(helpers.all_finite(new))
