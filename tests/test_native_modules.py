@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import subprocess
+import sys
 
 import pytest
 
@@ -48,3 +50,18 @@ def test_cpu_module_keeps_its_ffi_api_version():
 
     major, minor = mod.ffi_api_version()
     assert isinstance(major, int) and isinstance(minor, int)
+
+
+def test_importing_the_package_loads_no_native_module():
+    # handlers.py: "Importing this module does no work": the compiled
+    # modules load, and register with XLA, at first use.
+    code = (
+        "import sys, jax_amp_scale, jax_amp_scale.optax, jax_amp_scale.export\n"
+        "from jax_amp_scale.platforms import handlers\n"
+        "print(sorted(m for m in sys.modules if m.startswith('jax_amp_scale._native')),"
+        " sorted(handlers.registered_platforms('update_scale')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.split() == ["[]", "[]"], out.stdout

@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_amp_scale as jas
 from tests.jax_compat import BEFORE_0_7, reshard, set_mesh
+from tests.multidevice.steps import plain_and_scaled
 
 MODES = [AxisType.Explicit, AxisType.Auto]
 BACKENDS = ["reference", "ffi"]
@@ -379,17 +380,7 @@ def _optax_steps(backend):
         inner, jas.dynamic_scaler(2.0**10, growth_interval=3), backend=backend
     )
 
-    def plain(params, opt_state, x, y):
-        grads = jax.grad(_loss)(params, x, y)
-        updates, opt_state = inner.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    def scaled(params, opt_state, x, y):
-        grads = jax.grad(lambda p: jas.scale_loss(_loss(p, x, y), opt_state))(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    return inner, tx, plain, scaled
+    return inner, tx, *plain_and_scaled(_loss, inner, tx)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

@@ -25,8 +25,8 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import jax_amp_scale as jas
 from tests.jax_compat import BEFORE_0_7, EXPLICIT_NATIVE_PASS, reshard, set_mesh
+from tests.multidevice.steps import plain_and_scaled
 
 optax = pytest.importorskip("optax")
 from jax_amp_scale.optax import loss_scaled  # noqa: E402 (optax first)
@@ -100,20 +100,6 @@ def _loss(params, x, y):
     return jnp.mean(((h @ w2 + b2).astype(jnp.float32) - y) ** 2)
 
 
-def _steps(inner, tx):
-    def plain(params, opt_state, x, y):
-        grads = jax.grad(_loss)(params, x, y)
-        updates, opt_state = inner.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    def scaled(params, opt_state, x, y):
-        grads = jax.grad(lambda p: jas.scale_loss(_loss(p, x, y), opt_state))(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    return plain, scaled
-
-
 def _bits(tree):
     return [np.asarray(a).view(f"u{np.asarray(a).dtype.itemsize}") for a in jax.tree.leaves(tree)]
 
@@ -141,8 +127,8 @@ def _run(layout, mode, param_dtype):
     inner = optax.adam(1e-3)
     native = loss_scaled(inner, backend="ffi")
     reference = loss_scaled(inner, backend="reference")
-    plain, scaled = _steps(inner, native)
-    _, scaled_reference = _steps(inner, reference)
+    plain, scaled = plain_and_scaled(_loss, inner, native)
+    _, scaled_reference = plain_and_scaled(_loss, inner, reference)
     with set_mesh(mesh):
         params = {k: jax.device_put(v, NamedSharding(mesh, specs[k])) for k, v in params.items()}
         x, y = (jax.device_put(a, NamedSharding(mesh, batch_spec)) for a in (x, y))
