@@ -150,21 +150,29 @@ def _xfail_explicit_before_0_7(layout, mode, request):
         )
 
 
-@pytest.mark.parametrize(("layout", "mode"), CELLS)
-def test_native_step_partitions_like_the_plain_step(partitioner, layout, mode, request):
-    _xfail_explicit_before_0_7(layout, mode, request)
-    want, have, got, expected = _run(layout, mode, np.float32)
+def _extra_reductions(layout, mode, dtype):
+    """The scaled step's collectives beyond the plain step's, after checking
+    that it keeps every one of the plain step's, that the extra ones are
+    scalar all-reduces and that both steps give the same bits."""
+    want, have, got, expected = _run(layout, mode, dtype)
     # Every collective of the plain step is there: it partitions the same.
     assert not want - have, (want - have, have - want)
     extra = list((have - want).elements())
     assert all(_is_scalar_all_reduce(c) for c in extra), extra
+    # The same step, bit for bit: new parameters and optimizer state.
+    for a, b in zip(_bits(got), _bits(expected), strict=True):
+        np.testing.assert_array_equal(a, b)
+    return extra
+
+
+@pytest.mark.parametrize(("layout", "mode"), CELLS)
+def test_native_step_partitions_like_the_plain_step(partitioner, layout, mode, request):
+    _xfail_explicit_before_0_7(layout, mode, request)
+    extra = _extra_reductions(layout, mode, np.float32)
     flag = FLAG_REDUCTIONS[layout]
     # jax < 0.7's GSPMD may run the pass on the gradients once reduced
     # (replicated): then the flag needs no reduction.
     assert len(extra) == flag or (BEFORE_0_7 and len(extra) < flag), extra
-    # The same step, bit for bit: new parameters and optimizer state.
-    for a, b in zip(_bits(got), _bits(expected), strict=True):
-        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.slow
@@ -175,13 +183,8 @@ def test_16_bit_parameters_add_only_scalar_reductions(partitioner, layout, mode,
     # all-reduces, still nothing gathered and the plain step's collectives
     # kept (docs/guide/multi-device.md).
     _xfail_explicit_before_0_7(layout, mode, request)
-    want, have, got, expected = _run(layout, mode, np.float16)
-    assert not want - have, (want - have, have - want)
-    extra = list((have - want).elements())
-    assert all(_is_scalar_all_reduce(c) for c in extra), extra
+    extra = _extra_reductions(layout, mode, np.float16)
     if layout == "replicated":
         assert extra == []
     else:
         assert len(extra) > FLAG_REDUCTIONS[layout] or BEFORE_0_7, extra
-    for a, b in zip(_bits(got), _bits(expected), strict=True):
-        np.testing.assert_array_equal(a, b)
