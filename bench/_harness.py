@@ -195,9 +195,27 @@ def machine_info() -> dict[str, str]:
         "jax devices": devs,
         "jax_amp_scale commit": _git_commit(),
     }
+    gpu = _nvidia_gpu()
+    if gpu:
+        info["gpu (nvidia-smi: name, driver, memory)"] = gpu
     for mod in ("jax", "jaxlib", "numpy", "optax", "jmp", "flax", "torch", "jax_amp_scale"):
         info[mod] = _version(mod)
     return info
+
+
+def _nvidia_gpu() -> str:
+    """The NVIDIA GPUs as nvidia-smi names them ("" without one)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return "; ".join(line.strip() for line in out.stdout.splitlines() if line.strip())
 
 
 # --------------------------------------------------------------------------
@@ -273,8 +291,15 @@ def parser(description: str, *, reps: int, warmup: int = 2) -> argparse.Argument
     return p
 
 
-def finish(args: argparse.Namespace, tables: Sequence[Table]) -> None:
-    """Prints the machine header and `tables`, and writes --json if asked."""
+def finish(
+    args: argparse.Namespace,
+    tables: Sequence[Table],
+    sections: Sequence[Mapping[str, Any]] = (),
+) -> None:
+    """Prints the machine header and `tables`, and writes --json if asked.
+
+    `sections` are results that are not timings (each a dict with "title"
+    and "markdown"), carried to RESULTS.md as they are."""
     info = machine_info()
     print(machine_markdown(info))
     print_tables(tables)
@@ -285,6 +310,7 @@ def finish(args: argparse.Namespace, tables: Sequence[Table]) -> None:
                     "argv": sys.argv,
                     "machine": info,
                     "tables": [t.to_json() for t in tables],
+                    "sections": list(sections),
                 },
                 f,
                 indent=1,

@@ -212,6 +212,41 @@ def test_torch_grad_scaler(suite):
     assert update.baseline == "optimizer.step"
 
 
+def test_bits_against_torch_on_cpu(suite):
+    """Workload 6 on the CPU: every difference from torch's kernels is of
+    an explained class (XLA:CPU's flush of subnormals; NaN payloads)."""
+    pytest.importorskip("torch")
+    out, data, _ = suite
+    sections = data["runs"]["exact"]["sections"]
+    assert [s["title"] for s in sections] == [
+        "6. Bits against torch: update_scale",
+        "6. Bits against torch: the gradient pass",
+    ]
+    assert [s["unexplained"] for s in sections] == [0, 0]
+    text = (out / "RESULTS.md").read_text()
+    assert "6. Bits against torch: the gradient pass: 0 unexplained differences: **met**" in text
+    table = sections[1]["markdown"]
+    # XLA:CPU flushes: torch's subnormal float32 results differ, and are explained
+    assert "flushed result" in table and "| float32 [ffi] |" in table
+
+
+def test_step_beside_torch_and_the_hand_written_skip():
+    """The GPU check's step table (on the CPU here): ours, the hand-written
+    exact skip and torch's two steps, interleaved in one table."""
+    pytest.importorskip("torch")
+    args = ["--tiny", "--torch", "--optimizer", "adam", "--compute", "float16"]
+    (t,) = _run_json([str(BENCH / "bench_step.py"), *args])
+    _check_rows(t)
+    names = [r.name for r in t.rows]
+    assert names[0] == "plain" and _steps.HANDWRITTEN in names
+    torch_rows = [n for n in names if n.startswith("torch")]
+    assert [n.split(" (")[0] for n in torch_rows] == ["torch plain step", "torch GradScaler step"]
+    assert set(t.columns["ratio to torch plain"]) == set(torch_rows)
+    lines = _run_all().targets([t])
+    assert any(line.startswith("- Default step within 1% of the hand-written") for line in lines)
+    assert any(line.startswith("- Scaling's cost, float16 compute: ours") for line in lines)
+
+
 def test_reports_written(suite):
     out, data, tables = suite
     text = (out / "RESULTS.md").read_text()

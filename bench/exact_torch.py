@@ -1,0 +1,327 @@
+"""Workload 6: our bits against torch's kernels, on the device JAX runs on.
+
+On a GPU, torch's CUDA kernels are the oracle; on the CPU (the dry run),
+torch's CPU kernels.  Two checks, every difference counted and classified:
+
+* ``update_scale``: `jax_amp_scale.amp_update_scale` (each backend of this
+  platform, and "auto") against ``torch._amp_update_scale_`` over random
+  states (scales as random bit patterns: subnormal, huge, inf, NaN; trackers
+  at and around the interval) for fixed and random factor sets.
+* the gradient pass: `jax_amp_scale.unscale_and_check` against
+  ``torch._amp_foreach_non_finite_check_and_unscale_`` (what
+  ``GradScaler.unscale_`` runs, with GradScaler's inverse
+  ``float32(1 / float64(scale))``) for float32 gradients as random bit
+  patterns spanning the whole range and every float16 and bfloat16 bit
+  pattern, at scales up to 2**127 and non-powers of two.
+
+A difference is *explained* when it is one of the classes below, whose cause
+is known; anything else is *unexplained* and listed:
+
+* "flushed result": torch's result is a float32 subnormal (or rounds to
+  2**-126 from one) and ours is the zero of the same sign (XLA flushes
+  subnormals to zero on the CPU);
+* "flushed operand": the gradient or the scale is itself subnormal and ours
+  is what torch gives for its zero;
+* "NaN payload": both are NaN with other bits (no kernel promises a payload;
+  the flag agrees).
+
+    python bench/exact_torch.py            # full size
+    python bench/exact_torch.py --tiny     # smoke
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _harness
+
+import jax_amp_scale as jas
+
+INT32_MAX = 2**31 - 1
+FIXED_FACTORS = [
+    (2.0, 0.5, 2000),
+    (2.0, 0.5, 1),
+    (1.1, 0.3, 2),
+    (3.0, 0.9, 3),
+    (1.0001, 0.1, INT32_MAX),
+    (65536.0, 0.5**20, 2),
+]
+POW2_SCALES = [2.0**k for k in (0, 1, 15, 24, 64, 100, 125, 126, 127)]
+OTHER_SCALES = [3 * 2.0**125, 1.7 * 2.0**127, 1.1 * 2.0**126, 1e38, 3.4e38, 12345.678, 0.375]
+GRAD_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+EXPLAINED = ("flushed result", "flushed operand", "NaN payload")
+
+
+@dataclass
+class Tally:
+    """Differences of one (check, dtype, backend): counts per class, a few examples."""
+
+    compared: int = 0
+    classes: dict[str, int] = field(default_factory=dict)
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, kind: str, count: int, examples: Sequence[str] = ()) -> None:
+        if count:
+            self.classes[kind] = self.classes.get(kind, 0) + count
+            if kind not in EXPLAINED:
+                self.examples += list(examples)[: max(0, 5 - len(self.examples))]
+
+    @property
+    def unexplained(self) -> int:
+        return sum(n for k, n in self.classes.items() if k not in EXPLAINED)
+
+
+def torch_device():
+    """torch's device matching JAX's default backend (an error if it has none)."""
+    import torch
+
+    if jax.default_backend() == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit(f"JAX runs on {jax.default_backend()} but torch has no CUDA device")
+    return torch.device("cuda")
+
+
+def bits(x: np.ndarray) -> np.ndarray:
+    return x.view({4: np.uint32, 2: np.uint16}[x.dtype.itemsize])
+
+
+# ---- update_scale -----------------------------------------------------------
+
+
+def random_states(rng: np.random.Generator, n: int, gi: int):
+    scales = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    scales[:8] = [65536.0, 1e-45, 3.4e38, np.inf, 0.0, 1.0, -2.0, np.nan]
+    trackers = rng.choice([gi - 1, 0, max(gi - 2, 0), INT32_MAX, -5], n).astype(np.int32)
+    found = rng.choice(np.array([0.0, 1.0, np.nan], np.float32), n)
+    return scales, trackers, found
+
+
+def torch_update(device, scales, trackers, found, gf, bf, gi):
+    """torch._amp_update_scale_ on each state (in place on one-element views)."""
+    import torch
+
+    s = torch.from_numpy(scales.copy()).to(device)
+    t = torch.from_numpy(trackers.copy()).to(device)
+    f = torch.from_numpy(found.copy()).to(device)
+    for i in range(len(scales)):
+        torch._amp_update_scale_(s[i : i + 1], t[i : i + 1], f[i : i + 1], gf, bf, gi)
+    return s.cpu().numpy(), t.cpu().numpy()
+
+
+@functools.cache
+def ours_update(backend: str, gf: float, bf: float, gi: int):
+    def one(s, t, f):
+        return jas.amp_update_scale(
+            s, t, f, growth_factor=gf, backoff_factor=bf, growth_interval=gi, backend=backend
+        )
+
+    return jax.jit(jax.vmap(one))
+
+
+def classify_update(tally: Tally, scales, got, want, factors) -> None:
+    (gs, gt), (ws, wt) = got, want
+    tally.compared += len(scales)
+    nan_g, nan_w = np.isnan(gs), np.isnan(ws)
+    tally.add("NaN where torch is not (or back)", int(np.sum(nan_g != nan_w)))
+    differ = ~nan_g & ~nan_w & (bits(gs) != bits(ws))
+    sub_in = np.abs(scales) < 2.0**-126
+    tally.add("flushed operand", int(np.sum(differ & sub_in & (gs == 0))))
+    other = differ & ~(sub_in & (gs == 0))
+    seen = [
+        f"{factors}: scale {scales[i]!r} -> ours {gs[i]!r}, torch {ws[i]!r}"
+        for i in np.nonzero(other)[0][:5]
+    ]
+    tally.add("scale bits", int(np.sum(other)), seen)
+    wrong_t = gt != wt
+    tally.add(
+        "tracker",
+        int(np.sum(wrong_t)),
+        [f"{factors}: ours {gt[wrong_t][:3]}, torch {wt[wrong_t][:3]}"],
+    )
+
+
+def update_scale_check(device, n: int, n_random: int, seed: int = 0) -> dict[str, Tally]:
+    rng = np.random.default_rng(seed)
+    factors = list(FIXED_FACTORS)
+    for _ in range(n_random):
+        gi = int(rng.choice([1, 2, 3, 2000]))
+        factors.append((float(rng.uniform(1.0, 1e3)), float(rng.uniform(1e-3, 1.0)), gi))
+    backends = ("auto", *jas.available_backends())
+    tallies = {b: Tally() for b in backends}
+    for gf, bf, gi in factors:
+        scales, trackers, found = random_states(rng, n, gi)
+        want = torch_update(device, scales, trackers, found, gf, bf, gi)
+        for b in backends:
+            got = ours_update(b, gf, bf, gi)(scales, trackers, found)
+            got = (np.asarray(got[0]), np.asarray(got[1]))
+            classify_update(tallies[b], scales, got, want, (gf, bf, gi))
+    return tallies
+
+
+# ---- the gradient pass ------------------------------------------------------
+
+
+def gradients(dtype, n_float32: int, seed: int = 24) -> np.ndarray:
+    """float32: random bit patterns plus specials; 16-bit: every bit pattern."""
+    if dtype != np.float32:
+        return np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(dtype)
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 2**32, n_float32, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x[:8] = [0.5 * 2.0**127, 3.0e38, -np.inf, np.nan, 1e-45, -1e-40, 2.0**-126, 1.0]
+    return x
+
+
+def torch_unscale(device, grads: np.ndarray, scale: float) -> tuple[np.ndarray, bool]:
+    """GradScaler.unscale_'s op, with GradScaler's inverse scale."""
+    import torch
+
+    if grads.dtype == ml_dtypes.bfloat16:
+        t = torch.from_numpy(bits(grads).copy()).view(torch.bfloat16).to(device)
+    else:
+        t = torch.from_numpy(grads.copy()).to(device)
+    inv = torch.tensor([scale], dtype=torch.float32).double().reciprocal().float().to(device)
+    found = torch.zeros(1, device=device)
+    torch._amp_foreach_non_finite_check_and_unscale_([t], found, inv)
+    if grads.dtype == ml_dtypes.bfloat16:
+        return t.view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16), bool(found.item())
+    return t.cpu().numpy(), bool(found.item())
+
+
+@functools.cache
+def ours_unscale(backend: str):
+    def run(g, state):
+        (out,), found = jas.unscale_and_check([g], state, backend=backend)
+        return out, found
+
+    return jax.jit(run)
+
+
+def classify_pass(tally: Tally, grads, scale, got, want) -> None:
+    g, w = bits(got), bits(want)
+    tally.compared += grads.size
+    differ = g != w
+    if not differ.any():
+        return
+    mag = np.uint32(0x7FFFFFFF) if g.dtype == np.uint32 else np.uint16(0x7FFF)
+    g32, w32 = got.astype(np.float32), want.astype(np.float32)
+    both_nan = np.isnan(g32) & np.isnan(w32)
+    same_sign = (g ^ w) <= mag
+    zero_g = (g & mag) == 0
+    flushed = (
+        differ & ~both_nan & zero_g & same_sign & (np.abs(w32.astype(np.float64)) <= 2.0**-126)
+    )
+    sub_in = (np.abs(grads.astype(np.float64)) < 2.0**-126) & (grads != 0)
+    operand = differ & ~both_nan & ~flushed & sub_in & zero_g
+    tally.add("NaN payload", int(np.sum(differ & both_nan)))
+    tally.add("flushed result", int(np.sum(flushed)))
+    tally.add("flushed operand", int(np.sum(operand)))
+    other = differ & ~both_nan & ~flushed & ~operand
+    seen = [
+        f"scale {scale!r}: {grads.dtype} grad {grads[i]!r} -> "
+        f"ours 0x{int(g[i]):x}, torch 0x{int(w[i]):x}"
+        for i in np.nonzero(other)[0][:3]
+    ]
+    tally.add("other", int(np.sum(other)), seen)
+
+
+def pass_check(device, n_float32: int, scales: list[float]) -> dict[tuple[str, str], Tally]:
+    backends = ["auto", *jas.available_backends(op="unscale_and_check")]
+    tallies: dict[tuple[str, str], Tally] = {}
+    for dname, dtype in GRAD_DTYPES.items():
+        grads = gradients(dtype, n_float32)
+        for scale in scales:
+            want, want_found = torch_unscale(device, grads, scale)
+            state = jas.init_scale_state(scale)
+            for b in backends:
+                tally = tallies.setdefault((dname, b), Tally())
+                out, found = ours_unscale(b)(jnp.asarray(grads), state)
+                tally.add(
+                    "found_inf",
+                    int(bool(found) != want_found),
+                    [f"scale {scale!r}: ours {bool(found)}, torch {want_found}"],
+                )
+                classify_pass(tally, grads, scale, np.asarray(out), want)
+    return tallies
+
+
+# ---- report -----------------------------------------------------------------
+
+
+def tally_table(title: str, tallies: dict[str, Tally], first: str) -> str:
+    kinds = sorted({k for t in tallies.values() for k in t.classes})
+    head = [first, "compared", "differ", "unexplained", *kinds]
+    lines = [
+        f"#### {title}",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---|" + "---:|" * (len(head) - 1),
+    ]
+    for name, t in tallies.items():
+        cells = [name, f"{t.compared:,}", f"{sum(t.classes.values()):,}", f"{t.unexplained:,}"]
+        cells += [f"{t.classes.get(k, 0):,}" for k in kinds]
+        lines.append("| " + " | ".join(cells) + " |")
+    examples = [f"- {name}: {e}" for name, t in tallies.items() for e in t.examples]
+    if examples:
+        lines += ["", "Unexplained, first examples:", "", *examples]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = _harness.parser(__doc__.splitlines()[0], reps=1)
+    p.add_argument("--states", type=int, default=4096, help="update_scale states per factor set")
+    p.add_argument("--random-factors", type=int, default=10, help="random factor sets")
+    p.add_argument("--grads", type=int, default=1 << 20, help="float32 gradient values")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.states, args.random_factors, args.grads = 64, 1, 4096
+    scales = POW2_SCALES + OTHER_SCALES
+    if args.tiny:
+        scales = [2.0**15, 2.0**127, 1.7 * 2.0**127, 0.375]
+    device = torch_device()
+    import torch
+
+    upd = update_scale_check(device, args.states, args.random_factors)
+    grad = pass_check(device, args.grads, scales)
+    where = f"JAX on {jax.default_backend()}, torch {torch.__version__} on {device}"
+    sections = [
+        {
+            "title": "6. Bits against torch: update_scale",
+            "markdown": tally_table(
+                f"update_scale against torch._amp_update_scale_ ({where}; "
+                f"{len(FIXED_FACTORS) + args.random_factors} factor sets x {args.states} states)",
+                upd,
+                "backend",
+            ),
+            "unexplained": sum(t.unexplained for t in upd.values()),
+        },
+        {
+            "title": "6. Bits against torch: the gradient pass",
+            "markdown": tally_table(
+                "unscale_and_check against torch._amp_foreach_non_finite_check_and_unscale_ "
+                f"({where}; {len(scales)} scales: {', '.join(f'{s:.4g}' for s in scales)})",
+                {f"{d} [{b}]": t for (d, b), t in grad.items()},
+                "gradients [backend]",
+            ),
+            "unexplained": sum(t.unexplained for t in grad.values()),
+        },
+    ]
+    for s in sections:
+        print(s["markdown"])
+    _harness.finish(args, [], sections)
+    return sections
+
+
+if __name__ == "__main__":
+    main()
