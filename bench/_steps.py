@@ -25,6 +25,7 @@ LossFn = Callable[[PyTree, Any], jax.Array]
 Builder = Callable[[LossFn, PyTree, optax.GradientTransformation], tuple[Any, Callable]]
 
 INIT_SCALE = 2.0**15
+HANDWRITTEN = "hand-written exact skip (no library)"
 
 
 def plain(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
@@ -59,6 +60,33 @@ def ours(backend: str, drop_overflow_update: bool = True, **options: Any) -> Bui
         return (params, tx.init(params)), step
 
     return build
+
+
+def handwritten_skip(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
+    """The exact skip written by hand, no library: what the default step is
+    held to.  torch's rule at the defaults (factors 2 and 1/2, interval
+    2000); the scale stays a power of two, so ``1 / scale`` and the float32
+    products are exact and the unscaled gradients are torch's bits.  (The
+    whole step's bits may still differ from `loss_scaled`'s by an ulp: XLA
+    rounds adam's divide and square root by how it fuses them.)"""
+
+    def step(carry, batch):
+        params, opt_state, scale, tracker = carry
+        grads = jax.grad(lambda p: loss_fn(p, batch) * scale)(params)
+        grads = jax.tree.map(lambda g: g * (1.0 / scale).astype(g.dtype), grads)
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+        updates, new_state = opt.update(grads, opt_state, params)
+        new = (optax.apply_updates(params, updates), new_state)
+        params, opt_state = jax.tree.map(
+            lambda n, o: jnp.where(finite, n, o), new, (params, opt_state)
+        )
+        grown = scale * 2.0
+        grow = finite & (tracker + 1 == 2000)
+        scale = jnp.where(finite, jnp.where(grow & jnp.isfinite(grown), grown, scale), scale * 0.5)
+        tracker = jnp.where(finite & ~grow, tracker + 1, 0)
+        return params, opt_state, scale, tracker
+
+    return (params, opt.init(params), jnp.float32(INIT_SCALE), jnp.int32(0)), step
 
 
 def jmp_dynamic(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
@@ -125,6 +153,7 @@ def candidates(backends: tuple[str, ...]) -> dict[str, Builder]:
     out: dict[str, Builder] = {"plain": plain}
     for b in backends:
         out[f"ours loss_scaled[{b}]"] = ours(b)
+    out[HANDWRITTEN] = handwritten_skip
     out["jmp DynamicLossScale"] = jmp_dynamic
     out["flax DynamicScale"] = flax_dynamic
     out["optax apply_if_finite"] = optax_if_finite
@@ -147,7 +176,8 @@ def ours_available() -> str | None:
 
 
 def backends() -> tuple[str, ...]:
-    """Our backends to measure on this platform: auto and each available one."""
+    """Our backends to measure on this platform: auto and each that runs the
+    whole step (``"ffi"`` where both operators have a native handler)."""
     import jax_amp_scale as jas
 
-    return ("auto", *jas.available_backends())
+    return ("auto", *jas.available_backends(op="unscale_and_check"))

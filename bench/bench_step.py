@@ -11,6 +11,8 @@ scaling), from repetitions interleaved in this one process.
     python bench/bench_step.py --tiny     # smoke: tiny MLP, one repetition
     python bench/bench_step.py --compute float32 --optimizer adam \
         --only "ours loss_scaled[auto]" --reps 150   # issue 25's ratio
+    python bench/bench_step.py --models 4096x8x2048 256x4x64 --optimizer adam \
+        --compute float16 --torch                     # the GPU check's tables
 """
 
 from __future__ import annotations
@@ -103,22 +105,53 @@ def runner(step, carry, data):
     return run
 
 
-def run_table(
-    width, depth, batch, reps, warmup, backends, why, compute: str, optimizer="sgd", only=None
-) -> _harness.Table:
-    """Every candidate's step (or `only` these and plain) with `compute` matmuls, interleaved."""
+def torch_rows(args, model: tuple[int, int, int], compute: str) -> dict:
+    """torch's plain and GradScaler steps on JAX's device, with --torch."""
+    if not args.torch:
+        return {}
+    import bench_torch
+    from bench_unscale import torch_device
+
+    device = torch_device()
+    if device is None:
+        raise SystemExit(f"--torch: torch cannot run on {jax.default_backend()}")
+    return bench_torch.step_candidates(*model, compute, args.optimizer, device)
+
+
+def vs(rows, base_prefix: str) -> dict[str, str]:
+    """torch rows' paired ratio to torch's plain step."""
+    base = next((r for r in rows if r.name.startswith(base_prefix)), None)
+    if base is None:
+        return {}
+    return {
+        r.name: f"{np.median([a / b for a, b in zip(r.times, base.times, strict=True)]):.3f}"
+        for r in rows
+        if r.name.startswith("torch")
+    }
+
+
+def run_table(args, model: tuple[int, int, int], backends, why, compute: str) -> _harness.Table:
+    """Every candidate's step (or --only these and plain) on `model` (width,
+    depth, batch) with `compute` matmuls, and torch's with --torch, interleaved."""
+    (width, depth, batch), optimizer = model, args.optimizer
+    reps, warmup = (1, 1) if args.tiny else (args.reps, args.warmup)
     notes = [] if why is None else [f"our candidates not measured: {why}"]
     cands = _steps.candidates(backends)
-    if only:
-        unknown = sorted(set(only) - set(cands))
+    if args.only:
+        unknown = sorted(set(args.only) - set(cands))
         if unknown:
             raise SystemExit(f"--only: unknown candidates {unknown}; known: {sorted(cands)}")
-        cands = {k: v for k, v in cands.items() if k == "plain" or k in only}
+        cands = {k: v for k, v in cands.items() if k == "plain" or k in args.only}
     built, data, count = build(width, depth, batch, cands, jnp.dtype(compute), optimizer)
-    cands = {name: runner(step, carry, data) for name, (step, carry) in built.items()}
-    rows = _harness.measure(cands, baseline="plain", reps=reps, warmup=warmup)
+    runs = {name: runner(step, carry, data) for name, (step, carry) in built.items()}
+    rows = _harness.measure(
+        {**runs, **torch_rows(args, model, compute)}, baseline="plain", reps=reps, warmup=warmup
+    )
     base = rows[0].median
     overhead = {r.name: f"{(r.median - base) * 1e3:+.2f}" for r in rows}
+    columns = {"overhead (ms)": overhead}
+    if args.torch:
+        columns["ratio to torch plain"] = vs(rows, "torch plain")
     notes.append(
         f"{count / 1e6:.2f}M parameters ({depth} x dense {width}x{width} + bias), batch {batch}, "
         f"{compute} compute, float32 master weights, "
@@ -128,16 +161,21 @@ def run_table(
     notes.append(
         "optax apply_if_finite has no dynamic scale: a static scale 2**15, unscaled by hand."
     )
+    if args.torch:
+        notes.append(
+            "torch rows: the same MLP in torch on the same device, autocast to the compute "
+            "dtype, GradScaler(init_scale=2**15); each step synchronised."
+        )
     return _harness.Table(
         workload="1. Step overhead",
-        title=f"MLP {count / 1e6:.1f}M params, batch {batch}, {compute} compute",
+        title=f"MLP {count / 1e6:.1f}M params, batch {batch}, {optimizer}, {compute} compute",
         baseline="plain",
         rows=rows,
         unit="ms",
         reps=reps,
         warmup=warmup,
         notes=notes,
-        columns={"overhead (ms)": overhead},
+        columns=columns,
     )
 
 
@@ -156,19 +194,27 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
     p.add_argument(
         "--only", nargs="+", metavar="NAME", help="measure plain and these candidates only"
     )
+    p.add_argument(
+        "--models",
+        nargs="+",
+        default=["1024x4x256"],
+        metavar="WIDTHxDEPTHxBATCH",
+        help="MLPs, one table each per compute dtype (default 1024x4x256)",
+    )
+    p.add_argument(
+        "--torch",
+        action="store_true",
+        help="also torch's plain and GradScaler steps, on JAX's device, in the same table",
+    )
     args = p.parse_args(argv)
-    width, depth, batch = (32, 2, 8) if args.tiny else (1024, 4, 256)
-    reps, warmup = (1, 1) if args.tiny else (args.reps, args.warmup)
-
+    models = ["32x2x8"] if args.tiny else args.models
     why = _steps.ours_available()
     backends = _steps.backends() if why is None else ()
     tables = []
-    for compute in args.compute:
-        tables.append(
-            run_table(
-                width, depth, batch, reps, warmup, backends, why, compute, args.optimizer, args.only
-            )
-        )
+    for model in models:
+        width, depth, batch = (int(v) for v in model.split("x"))
+        for compute in args.compute:
+            tables.append(run_table(args, (width, depth, batch), backends, why, compute))
     _harness.finish(args, tables)
     return tables
 

@@ -37,6 +37,55 @@ def build(width: int, depth: int, batch: int):
     return model, x, y
 
 
+def step_candidates(
+    width: int, depth: int, batch: int, compute: str, optimizer: str, device
+) -> dict[str, _harness.Candidate]:
+    """torch's plain step and its GradScaler step on `device`, for workload 1's
+    table: the same MLP, autocast to `compute`, the optimizer fused where
+    torch has it (GradScaler then hands the unscale to the fused kernel)."""
+    import torch
+
+    model, x, y = build(width, depth, batch)
+    model, x, y = model.to(device), x.to(device), y.to(device)
+    half = compute == "float16"
+
+    def make_opt():
+        kind = torch.optim.Adam if optimizer == "adam" else torch.optim.SGD
+        kw = {"lr": 1e-3} if optimizer == "adam" else {"lr": 1e-3, "momentum": 0.9}
+        try:
+            return kind(model.parameters(), fused=True, **kw)
+        except (RuntimeError, TypeError):  # no fused kernel for this device
+            return kind(model.parameters(), **kw)
+
+    opt = make_opt()
+    scaler = torch.amp.GradScaler(device.type, init_scale=2.0**15)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def loss_fn():
+        with torch.autocast(device.type, dtype=torch.float16, enabled=half):
+            out = model(x)
+        return torch.mean(torch.square(out.float() - y))
+
+    def plain():
+        opt.zero_grad(set_to_none=True)
+        loss_fn().backward()
+        opt.step()
+        sync()
+
+    def scaled():
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss_fn()).backward()
+        scaler.step(opt)
+        scaler.update()
+        sync()
+
+    fused = "fused" if opt.defaults.get("fused") else "not fused"
+    return {
+        f"torch plain step ({optimizer}, {fused})": plain,
+        f"torch GradScaler step ({optimizer}, {fused})": scaled,
+    }
+
+
 def main(argv: list[str] | None = None) -> list[_harness.Table]:
     p = _harness.parser(__doc__.splitlines()[0], reps=5, warmup=1)
     args = p.parse_args(argv)

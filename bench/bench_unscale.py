@@ -8,7 +8,8 @@ bytes, ``y = -x`` in place (read 256 MiB, write 256 MiB); the peers do the
 same work with their own functions (jmp) or their documented pattern written
 out (flax, optax: neither exports an unscale-and-check on a given tree).
 
-Side by side in the same table, interleaved:
+Side by side in the same table, interleaved (on a GPU, torch and the limit
+run on the GPU JAX runs on):
 
 * torch's fused in-place ``_amp_foreach_non_finite_check_and_unscale_``
   (what GradScaler calls) on its own copy of the same gradients;
@@ -17,7 +18,8 @@ Side by side in the same table, interleaved:
   many arrays costs before it does any work;
 * "memory-bandwidth limit": NumPy's in-place ``np.negative(x, out=x)`` over
   one contiguous buffer of the same bytes, split over --threads threads (one
-  read and one write of every byte, no per-array overhead);
+  read and one write of every byte, no per-array overhead); on a GPU, torch's
+  in-place ``neg_`` of one buffer (one kernel: the HBM limit as measured);
 * ours inside a program: one compiled loop that runs the pass `n` times
   (the scale and its inverse in turn; `n` is an argument, so one executable),
   called with n=3 and n=1; half the difference, paired per repetition, is
@@ -63,6 +65,7 @@ GROWTH = 1.25
 TORCH = "torch fused (_amp_foreach_non_finite_check_and_unscale_)"
 DISPATCH = "jit dispatch floor (donated leaves returned, no kernel)"
 LIMIT = "memory-bandwidth limit (np.negative in place, 1 buffer)"
+LIMIT_GPU = "memory-bandwidth limit (torch neg_ in place, 1 buffer: HBM)"
 OURS = "ours unscale_and_check[auto]"
 LOOP1 = "ours[auto], loop of 1 pass"
 # The long loop's passes: the in-program estimate is (long - 1-pass) / (PASSES - 1),
@@ -217,28 +220,38 @@ def jax_candidates(ours_ok: bool, peers: bool = True):
     return out
 
 
-def torch_fused_candidate(total_bytes: int, n_leaves: int, dtype):
-    """torch's fused in-place op on its own copy of the gradients (None: no torch)."""
+def torch_device():
+    """torch's device for JAX's default backend: the CPU, or the GPU JAX runs
+    on (None: torch missing, or without that GPU)."""
     try:
         import torch
     except ImportError:
         return None
+    if jax.default_backend() == "cpu":
+        return torch.device("cpu")
+    return torch.device("cuda") if torch.cuda.is_available() else None
+
+
+def torch_fused_candidate(total_bytes: int, n_leaves: int, dtype, device):
+    """torch's fused in-place op on its own copy of the gradients on `device`."""
+    import torch
+
     host = make_grads(total_bytes, n_leaves, dtype)
     if dtype == ml_dtypes.bfloat16:  # torch cannot take NumPy's bfloat16: its bits
         grads = [torch.from_numpy(np.array(g).view(np.int16)).view(torch.bfloat16) for g in host]
     else:
         grads = [torch.from_numpy(np.array(g)) for g in host]
-    grads = [g.clone() for g in grads]
-    found = torch.zeros(1)
+    grads = [g.to(device, copy=True) for g in grads]
+    found = torch.zeros(1, device=device)
     mag = magnitude(dtype)
-    invs = [torch.full((1,), 1.0 / mag), torch.full((1,), mag)]
+    invs = [torch.full((1,), 1.0 / mag, device=device), torch.full((1,), mag, device=device)]
     box = [0]
 
     def run():
         # Alternate the factor so values stay bounded, as ours does.
         torch._amp_foreach_non_finite_check_and_unscale_(grads, found, invs[box[0]])
         box[0] ^= 1
-        if float(found) != 0.0:
+        if float(found) != 0.0:  # reading the flag waits for the kernels
             raise RuntimeError("torch reported an overflow on finite gradients")
 
     return run
@@ -258,6 +271,21 @@ def bandwidth_candidate(total_bytes: int, threads: int):
 
     def run():
         list(pool.map(lambda a: np.negative(a, out=a), parts))
+
+    return run
+
+
+def device_bandwidth_candidate(total_bytes: int, device):
+    """In-place negation of one contiguous torch buffer on the GPU: one read
+    and one write of every byte in one kernel, what the device's memory
+    moves at best (its HBM limit as measured, not as specified)."""
+    import torch
+
+    buf = torch.ones(total_bytes // 4, device=device)
+
+    def run():
+        buf.neg_()
+        torch.cuda.synchronize(device)
 
     return run
 
@@ -318,14 +346,15 @@ def run_case(
             box[0], box[1] = jax.block_until_ready(out), 1 - box[1]
 
         cands[name] = run
-    # torch's op and the host bandwidth limit are CPU references: on a GPU
-    # backend they would measure the host, not the device.
-    on_cpu = jax.default_backend() == "cpu"
-    torch_run = torch_fused_candidate(total_bytes, n_leaves, dtype) if torch_ok else None
-    if torch_run is not None and on_cpu:
-        cands[TORCH] = torch_run
-    if on_cpu:
+    # torch and the bandwidth limit run where JAX runs: the host's threads
+    # on the CPU, one torch kernel on the GPU.
+    device = torch_device() if torch_ok else None
+    if device is not None:
+        cands[TORCH] = torch_fused_candidate(total_bytes, n_leaves, dtype, device)
+    if jax.default_backend() == "cpu":
         cands[LIMIT] = bandwidth_candidate(total_bytes, threads)
+    elif device is not None:
+        cands[LIMIT_GPU] = device_bandwidth_candidate(total_bytes, device)
     rows = _harness.measure(cands, baseline="plain copy", reps=reps, warmup=warmup)
     rows = in_program_row(rows)
     for r in rows:
@@ -462,8 +491,11 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         notes = [] if why is None else [f"ours not measured: {why}"]
         if dtype != np.float32:
             notes.append(f"{dname}: the peers are not run (their float32 rows show the pattern).")
+        limit = f"{LIMIT}: {args.threads} thread(s)"
+        if jax.default_backend() != "cpu":
+            limit = f"torch on {torch_device()}; {LIMIT_GPU}: one kernel"
         notes.append(
-            f"{LIMIT}: {args.threads} thread(s); {DISPATCH}: jit's own cost for {n} donated "
+            f"{limit}; {DISPATCH}: jit's own cost for {n} donated "
             "arrays in and out, which every jitted candidate pays and torch does not."
         )
         rows, skipped = run_case(
@@ -503,7 +535,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
                 columns=columns,
             )
         )
-        if torch_ok and dtype == np.float32:
+        if torch_ok and dtype == np.float32 and jax.default_backend() == "cpu":
             rows = run_torch_case(total, n, reps, warmup)
             tables.append(
                 _harness.Table(
