@@ -196,7 +196,8 @@ class RunResult(NamedTuple):
     scale: np.ndarray  # (steps,) the loss scale used (1 without scaling)
     eval_loss: float
     params: Any
-    seconds: float
+    seconds: float  # the whole run, compilation included
+    step_ms: float  # per step after the first tenth of the run (no compilation)
 
 
 def make_optimizer(cfg: Config, mode: str) -> optax.GradientTransformation:
@@ -241,21 +242,27 @@ def train(cfg: Config, mode: str, data: np.ndarray, held_out: np.ndarray) -> Run
 
     starts = batch_starts(len(data), cfg)
     losses, scales = [], []
-    t0 = time.perf_counter()
+    warm = cfg.steps // 10  # the steps after this one are timed per step
+    t0 = t_warm = time.perf_counter()
     for i in range(cfg.steps):
         params, opt_state, loss, scale = step(
             params, opt_state, windows(data, starts[i], cfg.context)
         )
         losses.append(loss)
         scales.append(scale)
+        if i == warm:
+            jax.block_until_ready(loss)
+            t_warm = time.perf_counter()
     losses_np = np.asarray(jax.device_get(losses), np.float32)
-    seconds = time.perf_counter() - t0
+    t_end = time.perf_counter()
+    timed = cfg.steps - 1 - warm
     return RunResult(
         losses_np,
         np.asarray(jax.device_get(scales), np.float32),
         evaluate(cfg, graphdef, params, held_out),
         params,
-        seconds,
+        t_end - t0,
+        1e3 * (t_end - t_warm) / timed if timed > 0 else float("nan"),
     )
 
 
@@ -308,7 +315,8 @@ def smoothed(loss: np.ndarray, step: int) -> float:
 
 def write_tables(results: dict[str, RunResult], zeros: dict[str, float], out: Path) -> str:
     marks = table_steps(len(next(iter(results.values())).loss))
-    header = ["mode", *[f"step {m}" for m in marks], "eval loss", "grad zeros at init", "seconds"]
+    header = ["mode", *[f"step {m}" for m in marks], "eval loss", "grad zeros at init"]
+    header += ["seconds", "ms/step"]
     rows = []
     for mode, r in results.items():
         rows.append(
@@ -318,6 +326,7 @@ def write_tables(results: dict[str, RunResult], zeros: dict[str, float], out: Pa
                 f"{r.eval_loss:.4f}",
                 f"{100 * zeros[mode]:.1f}%",
                 f"{r.seconds:.1f}",
+                f"{r.step_ms:.1f}",
             ]
         )
     with open(out / "transformer_lm.csv", "w", newline="") as f:
@@ -400,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         results[mode] = r = train(cfg, mode, data, held_out)
         print(
             f"{mode:>16}: final train loss {smoothed(r.loss, cfg.steps):.4f}, "
-            f"eval loss {r.eval_loss:.4f}, {r.seconds:.1f} s",
+            f"eval loss {r.eval_loss:.4f}, {r.seconds:.1f} s ({r.step_ms:.1f} ms/step)",
             flush=True,
         )
     print(write_tables(results, zeros, args.out_dir), end="")
