@@ -41,6 +41,24 @@ def cann(double, monkeypatch):
     double.reset()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    # The GPU tier (tests/gpu_tier.py): a test asking for a native handler
+    # this platform lacks is skipped with the library's message, off the CPU.
+    outcome = yield
+    report = outcome.get_result()
+    if call.excinfo is None or not report.failed or "jax" not in sys.modules:
+        return
+    import jax
+
+    from tests.gpu_tier import missing_native_handler
+
+    reason = missing_native_handler(call.excinfo.value, jax.default_backend())
+    if reason is not None:
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, reason)
+
+
 def pytest_collection_finish(session):
     # The eight-device tiers run in a child process: start each one selected
     # now, so that it runs beside the rest of the session (tests/test_multidevice.py).

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from jax_amp_scale import amp_update_scale
+from jax_amp_scale import unscale_and_check as jas_unscale_and_check
 from jax_amp_scale.platforms import handlers
 
 BUILT = importlib.util.find_spec("jax_amp_scale._native_cuda") is not None
@@ -77,3 +78,20 @@ def test_cuda_handler_matches_reference_bit_for_bit(dtype):
     bits = np.uint32 if jnp.dtype(dtype).itemsize == 4 else np.uint16
     np.testing.assert_array_equal(np.asarray(got[0]).view(bits), np.asarray(want[0]).view(bits))
     np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+
+
+def test_gpu_tier_skips_only_the_missing_native_pass_off_the_cpu():
+    # The real error: the native gradient pass lowered for CUDA, which has
+    # no handler for it (the GPU tier's skip rule, tests/gpu_tier.py).
+    from tests.gpu_tier import missing_native_handler
+
+    def f(g):
+        return jas_unscale_and_check([g], 2.0**15, backend="ffi")
+
+    traced = jax.jit(f).trace(jnp.ones(4, jnp.float32))
+    with pytest.raises(NotImplementedError) as info:
+        traced.lower(lowering_platforms=("cuda",))
+    reason = missing_native_handler(info.value, "gpu")
+    assert reason is not None and "platform 'cuda'" in reason
+    assert missing_native_handler(info.value, "cpu") is None
+    assert missing_native_handler(ValueError(str(info.value)), "gpu") is None
