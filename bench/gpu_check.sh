@@ -1,26 +1,27 @@
 #!/usr/bin/env bash
-# One GPU check, sized to finish in under 8 minutes on a machine with an
-# NVIDIA GPU: build the CUDA module, run its tests, run the step / unscale /
-# compile / operator workloads at a reduced size, and write the results
-# beside the CPU ones:
+# The GPU check (issue 33): one run, under 8 minutes, on a machine with an
+# NVIDIA GPU.  It builds the CUDA module, runs the CUDA tests and the GPU
+# tier of the suite, compares our bits with torch's CUDA kernels, times the
+# gradient pass, the step and the transformer example side by side with
+# torch, and writes
 #
 #   bench/RESULTS-gpu.md, bench/results-gpu.json, bench/results-gpu.png
-#   bench/gpu/            (run_all.py's own output folder for this run)
+#   bench/gpu/            (run_all.py's folder for this run, the example's output)
 #   bench/gpu/log.txt     (every command and its output)
 #
-# Usage (from anywhere; the environment must already hold jax with CUDA,
-# the package's build requirements and the [test,bench] extras: the script
-# installs nothing from the network):
+# Usage (from anywhere; the machine has jax with CUDA, torch with CUDA and
+# the build tools, and no network: what else the check imports comes from
+# bench/gpu-wheels/, made beforehand by bench/gpu_wheels.sh):
 #
 #   bash bench/gpu_check.sh              # on the GPU machine
-#   bash bench/gpu_check.sh --dry-run    # on a CPU machine: the same steps at
-#                                        # --tiny size, no CUDA build, results
-#                                        # in bench/gpu-dry/ (checks the plumbing)
+#   bash bench/gpu_check.sh --dry-run    # on a CPU machine: the same stages at
+#                                        # --tiny size, no CUDA build, the
+#                                        # results in bench/gpu-dry/ (.ci/run)
 #
 # Environment: PYTHON (default python3), NVCC (default: nvcc on PATH, else
-# /usr/local/cuda/bin/nvcc), JAS_GPU_BUDGET_S (default 470: stages are cut
-# to fit it).  Exit status: 0 when everything ran; 1 when a stage failed
-# (the others still run, and the log says which).
+# /usr/local/cuda/bin/nvcc), JAS_GPU_BUDGET_S (default 460: stages are cut
+# to fit it).  Exit status: 0 when every stage ran and passed; 1 otherwise
+# (the other stages still run, and the log says which failed).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,17 +29,11 @@ cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
 DRY=0
 [[ "${1:-}" == "--dry-run" ]] && DRY=1
-BUDGET_S="${JAS_GPU_BUDGET_S:-470}"
+BUDGET_S="${JAS_GPU_BUDGET_S:-460}"
 START=$(date +%s)
-
-if [[ $DRY == 1 ]]; then
-  OUT="bench/gpu-dry"
-else
-  OUT="bench/gpu"
-fi
-mkdir -p "$OUT"
+OUT=$([[ $DRY == 1 ]] && echo bench/gpu-dry || echo bench/gpu)
+rm -rf "$OUT" && mkdir -p "$OUT"
 LOG="$OUT/log.txt"
-: > "$LOG"
 FAILED=()
 
 say() { echo "== $*" | tee -a "$LOG"; }
@@ -81,16 +76,41 @@ if [[ $DRY == 0 ]]; then
   export PATH="$(dirname "$NVCC"):$PATH"
   # The tests' conftest defaults JAX_PLATFORMS to cpu; the GPU must win here.
   export JAX_PLATFORMS="cuda,cpu"
+  # JAX and torch share the GPU in one process (the side-by-side tables):
+  # JAX's default preallocation (75%) would leave torch too little.
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
 else
   export JAX_PLATFORMS="cpu"
 fi
-"$PYTHON" -c "import jax; print('jax', jax.__version__, jax.devices())" 2>&1 | tee -a "$LOG"
+# What the image lacks, from the carried wheels (bench/gpu_wheels.sh).
+if [[ -d bench/gpu-wheels ]]; then
+  stage wheels 60 "$PYTHON" -m pip install -q --no-index --find-links bench/gpu-wheels \
+    pytest hypothesis jmp flatbuffers matplotlib
+fi
+"$PYTHON" - <<'PY' 2>&1 | tee -a "$LOG"
+import importlib, platform
+print("python", platform.python_version())
+for m in ("jax", "jaxlib", "torch", "optax", "flax", "numpy", "pytest", "hypothesis", "jmp"):
+    try:
+        print(m, importlib.import_module(m).__version__)
+    except Exception as e:
+        print(m, "MISSING:", e)
+import jax
+print("jax devices", jax.devices())
+try:
+    import torch
+    print("torch cuda", torch.version.cuda, torch.cuda.is_available())
+except Exception as e:
+    print("torch:", e)
+PY
 
-# --- build: the CUDA module (CMake finds nvcc through CUDACXX) --------------
+# --- build: the CUDA module for this GPU only (JAS_CUDA_ARCH, default 90: the
+# H200; CMake finds nvcc through CUDACXX)
 if [[ $DRY == 0 ]]; then
   # --no-build-isolation: the build requirements come from this environment
-  # (the GPU machine has no network).  -v keeps CMake's "CUDA handler:" line.
-  stage build 150 "$PYTHON" -m pip install --no-deps --no-build-isolation -v -e .
+  # (no network); -v keeps CMake's "CUDA handler:" line.
+  stage build 150 "$PYTHON" -m pip install --no-deps --no-build-isolation -v -e . \
+    --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES="${JAS_CUDA_ARCH:-90}"
   grep -h "CUDA handler:" "$LOG" | tail -1
   stage import-cuda-module 30 "$PYTHON" -c \
     "import jax_amp_scale._native_cuda as m; print('registrations', m.registrations())"
@@ -98,43 +118,63 @@ else
   say "build: skipped (--dry-run)"
 fi
 
-# --- tests ------------------------------------------------------------------
-stage cuda-tests 90 "$PYTHON" -m pytest -x -q -p no:cacheprovider tests/test_cuda_handler.py
+# --- tests: the CUDA handler's, then the GPU tier (tests/gpu_tier.py) --------
+stage cuda-tests 60 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_cuda_handler.py
+GPU_TIER=(tests/test_golden.py tests/test_found_inf.py tests/test_differential.py
+          tests/test_inverse_scale.py tests/test_torch_oracle.py tests/test_fused_unscale.py
+          tests/test_fast_product.py tests/test_transformations.py tests/test_first_contact.py)
+[[ $DRY == 1 ]] && GPU_TIER=(tests/test_golden.py)
+JAS_EXAMPLES_DIVISOR=3 stage gpu-tier 110 "$PYTHON" -m pytest -q -p no:cacheprovider -rs \
+  "${GPU_TIER[@]}"
 
-# --- workloads: one run_all.py run, sizes cut to fit ------------------------
-# step: 10 repetitions; unscale: 1/100/1,000 leaves of 64 MiB (float32 and
-# float16, ours/copy/dispatch floor only: torch and the host bandwidth limit
-# are CPU references); compile: the tree model at 10/100/1,000 leaves,
-# plain/ours, projected compiles past 25 s skipped (the dense model,
-# --models dense, would double the stage); operator: 20,000 scan steps.
+# --- workloads: one run_all.py run --------------------------------------------
+# exact: bits against torch's kernels on this device.  unscale: 256 MiB at
+# 1/100/1,000/10,000 leaves, float32 and float16, ours against torch's fused
+# op, the copy and the measured HBM limit, in one process.  step: adam,
+# float16 compute, a compute-bound MLP (8 x 4096, batch 2048) and a
+# dispatch-bound one (4 x 256, batch 64), with the hand-written exact skip
+# and torch's plain and GradScaler steps in the same table.
 if [[ $DRY == 1 ]]; then
   SIZE=(--tiny)
-  UNSCALE="unscale=--no-peers --no-torch"
-  COMPILE="compile=--models tree --candidates 'ours loss_scaled[auto]'"
-  STEP="step="
-  OPER="update_scale="
+  UNSCALE="unscale=--no-peers --in-process"
+  STEP="step=--optimizer adam --compute float16 --torch"
+  EXACT="exact="
 else
   SIZE=()
-  UNSCALE="unscale=--no-peers --no-torch --mib 64 --leaves 1 100 1000 --reps 5 --budget-s 30"
-  COMPILE="compile=--models tree --leaves 10 100 1000 --reps 3 --budget-s 25 --candidates 'ours loss_scaled[auto]' 'ours loss_scaled[reference]'"
-  STEP="step=--reps 10"
-  OPER="update_scale=--steps 20000 --reps 5"
+  UNSCALE="unscale=--no-peers --in-process --mib 256 --leaves 1 100 1000 10000 --reps 7 --budget-s 45"
+  STEP="step=--optimizer adam --compute float16 --torch --models 4096x8x2048 256x4x64 --reps 25"
+  EXACT="exact=--states 4096 --random-factors 10"
 fi
-stage workloads 330 "$PYTHON" bench/run_all.py "${SIZE[@]}" --out "$OUT" \
-  --only step unscale compile update_scale \
-  --args "$STEP" --args "$UNSCALE" --args "$COMPILE" --args "$OPER"
+stage workloads 300 "$PYTHON" bench/run_all.py "${SIZE[@]}" --out "$OUT" \
+  --only exact unscale step --args "$EXACT" --args "$UNSCALE" --args "$STEP"
+
+# --- the transformer example's four precisions, with step times --------------
+if [[ $DRY == 1 ]]; then
+  LM=(--steps 4 --layers 1 --eval-windows 8)
+else
+  LM=(--steps 300 --check)
+fi
+stage transformer 100 "$PYTHON" examples/transformer_lm.py "${LM[@]}" --out-dir "$OUT/transformer"
 
 # --- results beside the CPU ones ---------------------------------------------
-if [[ -f "$OUT/RESULTS.md" ]]; then
-  SUFFIX=$([[ $DRY == 1 ]] && echo "gpu-dry" || echo "gpu")
-  if [[ $DRY == 0 ]]; then
-    cp "$OUT/RESULTS.md" "bench/RESULTS-$SUFFIX.md"
-    cp "$OUT/results.json" "bench/results-$SUFFIX.json"
-    [[ -f "$OUT/results.png" ]] && cp "$OUT/results.png" "bench/results-$SUFFIX.png"
-    say "wrote bench/RESULTS-$SUFFIX.md, bench/results-$SUFFIX.json"
-  else
-    say "dry run: results in $OUT/ (not copied beside the CPU ones)"
-  fi
+if [[ -f "$OUT/RESULTS.md" && -f "$OUT/transformer/transformer_lm.md" ]]; then
+  {
+    echo
+    echo "#### The transformer example in four precisions"
+    echo
+    echo "\`python examples/transformer_lm.py ${LM[*]}\` on this machine (seconds: the"
+    echo "whole run with compilation; ms/step: after the first tenth of the steps)."
+    echo
+    cat "$OUT/transformer/transformer_lm.md"
+  } >>"$OUT/RESULTS.md"
+fi
+if [[ -f "$OUT/RESULTS.md" && $DRY == 0 ]]; then
+  cp "$OUT/RESULTS.md" bench/RESULTS-gpu.md
+  cp "$OUT/results.json" bench/results-gpu.json
+  [[ -f "$OUT/results.png" ]] && cp "$OUT/results.png" bench/results-gpu.png
+  say "wrote bench/RESULTS-gpu.md, bench/results-gpu.json, bench/results-gpu.png"
+elif [[ $DRY == 1 ]]; then
+  say "dry run: results in $OUT/ (not copied beside the CPU ones)"
 fi
 
 say "total $(($(date +%s) - START))s of ${BUDGET_S}s budget"
