@@ -291,6 +291,29 @@ def parser(description: str, *, reps: int, warmup: int = 2) -> argparse.Argument
     return p
 
 
+def save(
+    args: argparse.Namespace,
+    tables: Sequence[Table],
+    sections: Sequence[Mapping[str, Any]] = (),
+) -> None:
+    """Writes --json (if asked) with what is measured so far: a workload
+    stopped at its time limit keeps the tables it finished (run_all.py)."""
+    if not args.json:
+        return
+    with open(args.json + ".tmp", "w") as f:
+        json.dump(
+            {
+                "argv": sys.argv,
+                "machine": machine_info(),
+                "tables": [t.to_json() for t in tables],
+                "sections": list(sections),
+            },
+            f,
+            indent=1,
+        )
+    os.replace(args.json + ".tmp", args.json)
+
+
 def finish(
     args: argparse.Namespace,
     tables: Sequence[Table],
@@ -300,18 +323,6 @@ def finish(
 
     `sections` are results that are not timings (each a dict with "title"
     and "markdown"), carried to RESULTS.md as they are."""
-    info = machine_info()
-    print(machine_markdown(info))
+    print(machine_markdown(machine_info()))
     print_tables(tables)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "argv": sys.argv,
-                    "machine": info,
-                    "tables": [t.to_json() for t in tables],
-                    "sections": list(sections),
-                },
-                f,
-                indent=1,
-            )
+    save(args, tables, sections)

@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         width, depth, batch = (int(v) for v in model.split("x"))
         for compute in args.compute:
             tables.append(run_table(args, (width, depth, batch), backends, why, compute))
+            _harness.save(args, tables)
     _harness.finish(args, tables)
     return tables
 

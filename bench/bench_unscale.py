@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
             notes.append(
                 f"not run at {n} leaves (--budget-s {args.budget_s:g}): "
                 + "; ".join(skipped)
-                + ". XLA:CPU compiles one kernel per leaf reduction."
+                + ". XLA compiles one kernel per leaf reduction on the CPU."
             )
         columns = _throughput(rows, total)
         columns["ratio to torch fused"] = vs_torch(rows)
@@ -549,6 +549,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
                     columns=_throughput(rows, total),
                 )
             )
+        _harness.save(args, tables)
     if args.first_call:
         with open(args.first_call, "w") as f:
             json.dump(first_call, f)

@@ -13,13 +13,17 @@
 # the build tools, and no network: what else the check imports comes from
 # bench/gpu-wheels/, made beforehand by bench/gpu_wheels.sh):
 #
-#   bash bench/gpu_check.sh              # on the GPU machine
+#   bash bench/gpu_wheels.sh             # here, first (git-ignored, ~26 MB)
+#   bash bench/gpu_check.sh              # on the GPU machine; with the device
+#                                        # tool: command "bash bench/gpu_check.sh",
+#                                        # carry ["bench/gpu-wheels"], timeout
+#                                        # 540 s; the results come back in $OUT
 #   bash bench/gpu_check.sh --dry-run    # on a CPU machine: the same stages at
 #                                        # --tiny size, no CUDA build, the
 #                                        # results in bench/gpu-dry/ (.ci/run)
 #
 # Environment: PYTHON (default python3), NVCC (default: nvcc on PATH, else
-# /usr/local/cuda/bin/nvcc), JAS_GPU_BUDGET_S (default 460: stages are cut
+# /usr/local/cuda/bin/nvcc), JAS_GPU_BUDGET_S (default 470: stages are cut
 # to fit it).  Exit status: 0 when every stage ran and passed; 1 otherwise
 # (the other stages still run, and the log says which failed).
 set -uo pipefail
@@ -29,11 +33,11 @@ cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
 DRY=0
 [[ "${1:-}" == "--dry-run" ]] && DRY=1
-BUDGET_S="${JAS_GPU_BUDGET_S:-460}"
+BUDGET_S="${JAS_GPU_BUDGET_S:-470}"
 START=$(date +%s)
-OUT=$([[ $DRY == 1 ]] && echo bench/gpu-dry || echo bench/gpu)
-rm -rf "$OUT" && mkdir -p "$OUT"
-LOG="$OUT/log.txt"
+RUN=$([[ $DRY == 1 ]] && echo bench/gpu-dry || echo bench/gpu)
+rm -rf "$RUN" && mkdir -p "$RUN"
+LOG="$RUN/log.txt"
 FAILED=()
 
 say() { echo "== $*" | tee -a "$LOG"; }
@@ -118,16 +122,11 @@ else
   say "build: skipped (--dry-run)"
 fi
 
-# --- tests: the CUDA handler's, then the GPU tier (tests/gpu_tier.py) --------
+# --- tests: the CUDA handler's ------------------------------------------------
 stage cuda-tests 60 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_cuda_handler.py
-GPU_TIER=(tests/test_golden.py tests/test_found_inf.py tests/test_differential.py
-          tests/test_inverse_scale.py tests/test_torch_oracle.py tests/test_fused_unscale.py
-          tests/test_fast_product.py tests/test_transformations.py tests/test_first_contact.py)
-[[ $DRY == 1 ]] && GPU_TIER=(tests/test_golden.py)
-JAS_EXAMPLES_DIVISOR=3 stage gpu-tier 110 "$PYTHON" -m pytest -q -p no:cacheprovider -rs \
-  "${GPU_TIER[@]}"
 
-# --- workloads: one run_all.py run --------------------------------------------
+# --- workloads: run_all.py, one workload a stage (each keeps what it finished
+# at its limit; the next one adds to the same results.json) ------------------
 # exact: bits against torch's kernels on this device.  unscale: 256 MiB at
 # 1/100/1,000/10,000 leaves, float32 and float16, ours against torch's fused
 # op, the copy and the measured HBM limit, in one process.  step: adam,
@@ -136,28 +135,41 @@ JAS_EXAMPLES_DIVISOR=3 stage gpu-tier 110 "$PYTHON" -m pytest -q -p no:cacheprov
 # and torch's plain and GradScaler steps in the same table.
 if [[ $DRY == 1 ]]; then
   SIZE=(--tiny)
-  UNSCALE="unscale=--no-peers --in-process"
-  STEP="step=--optimizer adam --compute float16 --torch"
-  EXACT="exact="
-else
-  SIZE=()
-  UNSCALE="unscale=--no-peers --in-process --mib 256 --leaves 1 100 1000 10000 --reps 7 --budget-s 45"
-  STEP="step=--optimizer adam --compute float16 --torch --models 4096x8x2048 256x4x64 --reps 25"
-  EXACT="exact=--states 4096 --random-factors 10"
-fi
-stage workloads 300 "$PYTHON" bench/run_all.py "${SIZE[@]}" --out "$OUT" \
-  --only exact unscale step --args "$EXACT" --args "$UNSCALE" --args "$STEP"
-
-# --- the transformer example's four precisions, with step times --------------
-if [[ $DRY == 1 ]]; then
+  EXACT=()
+  UNSCALE=(--no-peers --in-process)
+  STEP=(--optimizer adam --compute float16 --torch)
   LM=(--steps 4 --layers 1 --eval-windows 8)
 else
-  LM=(--steps 300 --check)
+  SIZE=()
+  EXACT=(--states 4096 --random-factors 10)
+  UNSCALE=(--no-peers --in-process --leaves 1 100 1000 10000 --reps 7 --budget-s 40)
+  STEP=(--optimizer adam --compute float16 --torch --models 4096x8x2048 256x4x64 --reps 25)
+  LM=(--steps 200 --check)
 fi
-stage transformer 100 "$PYTHON" examples/transformer_lm.py "${LM[@]}" --out-dir "$OUT/transformer"
+workload() {  # workload NAME SECONDS ARGS...: one run_all.py workload
+  local w="$1" t="$2" left=$((BUDGET_S - ($(date +%s) - START)))
+  shift 2
+  t=$((t < left ? t : left))
+  stage "$w" "$t" "$PYTHON" bench/run_all.py "${SIZE[@]}" --out "$RUN" --only "$w" \
+    --timeout-s $((t - 15)) --args "$w=$*"
+}
+workload exact 90 "${EXACT[@]}"
+workload unscale 170 "${UNSCALE[@]}"
+workload step 100 "${STEP[@]}"
+
+# --- the transformer example's four precisions, with step times --------------
+stage transformer 90 "$PYTHON" examples/transformer_lm.py "${LM[@]}" --out-dir "$RUN/transformer"
+
+# --- the GPU tier of the core tests (tests/gpu_tier.py), with what time is left
+GPU_TIER=(tests/test_golden.py tests/test_found_inf.py tests/test_differential.py
+          tests/test_inverse_scale.py tests/test_torch_oracle.py tests/test_fused_unscale.py
+          tests/test_fast_product.py tests/test_transformations.py tests/test_first_contact.py)
+[[ $DRY == 1 ]] && GPU_TIER=(tests/test_golden.py)
+JAS_EXAMPLES_DIVISOR=3 stage gpu-tier 150 "$PYTHON" -m pytest -q -p no:cacheprovider -rs \
+  "${GPU_TIER[@]}"
 
 # --- results beside the CPU ones ---------------------------------------------
-if [[ -f "$OUT/RESULTS.md" && -f "$OUT/transformer/transformer_lm.md" ]]; then
+if [[ -f "$RUN/RESULTS.md" && -f "$RUN/transformer/transformer_lm.md" ]]; then
   {
     echo
     echo "#### The transformer example in four precisions"
@@ -165,16 +177,21 @@ if [[ -f "$OUT/RESULTS.md" && -f "$OUT/transformer/transformer_lm.md" ]]; then
     echo "\`python examples/transformer_lm.py ${LM[*]}\` on this machine (seconds: the"
     echo "whole run with compilation; ms/step: after the first tenth of the steps)."
     echo
-    cat "$OUT/transformer/transformer_lm.md"
-  } >>"$OUT/RESULTS.md"
+    cat "$RUN/transformer/transformer_lm.md"
+  } >>"$RUN/RESULTS.md"
 fi
-if [[ -f "$OUT/RESULTS.md" && $DRY == 0 ]]; then
-  cp "$OUT/RESULTS.md" bench/RESULTS-gpu.md
-  cp "$OUT/results.json" bench/results-gpu.json
-  [[ -f "$OUT/results.png" ]] && cp "$OUT/results.png" bench/results-gpu.png
+if [[ -f "$RUN/RESULTS.md" && $DRY == 0 ]]; then
+  cp "$RUN/RESULTS.md" bench/RESULTS-gpu.md
+  cp "$RUN/results.json" bench/results-gpu.json
+  [[ -f "$RUN/results.png" ]] && cp "$RUN/results.png" bench/results-gpu.png
   say "wrote bench/RESULTS-gpu.md, bench/results-gpu.json, bench/results-gpu.png"
 elif [[ $DRY == 1 ]]; then
-  say "dry run: results in $OUT/ (not copied beside the CPU ones)"
+  say "dry run: results in $RUN/ (not copied beside the CPU ones)"
+fi
+# The device tool hands back what lies under $OUT (its environment variable).
+if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
+  cp -r "$RUN" "$OUT/" && cp bench/RESULTS-gpu.md bench/results-gpu.* "$OUT/" 2>/dev/null
+  say "copied the results to \$OUT"
 fi
 
 say "total $(($(date +%s) - START))s of ${BUDGET_S}s budget"

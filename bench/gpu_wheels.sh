@@ -15,7 +15,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: -d gpu-wheels \
   --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform any \
-  pytest iniconfig pluggy packaging hypothesis attrs sortedcontainers jmp flatbuffers \
-  matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil six
+  pytest iniconfig pluggy packaging pygments hypothesis attrs sortedcontainers jmp flatbuffers \
+  matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil six tzdata
 ls gpu-wheels
 du -sh gpu-wheels

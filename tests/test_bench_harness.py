@@ -78,3 +78,34 @@ def test_compile_targets_name_each_model_and_size():
         "- 3. Compile time, dense layers, growth exponent (1 = linear): plain (10->100: 0.90); "
         "ours loss_scaled[auto] (10->100: 0.90).",
     ]
+
+
+def test_a_workload_stopped_at_its_limit_keeps_what_it_finished(tmp_path):
+    """run_all.run_workload past --timeout-s: the tables the workload had
+    saved (`_harness.save`, after each one) are kept and marked as cut; a
+    workload that saved nothing gives no tables, and no crash."""
+    import json
+    import subprocess
+
+    import run_all
+
+    script = tmp_path / "slow.py"  # an absolute path: run_all.HERE / script is script
+    script.write_text(
+        "import sys, time, argparse\n"
+        f"sys.path.insert(0, {str(run_all.HERE)!r})\n"
+        "import _harness\n"
+        "p = argparse.ArgumentParser(); p.add_argument('--json'); p.add_argument('--save', type=int)\n"
+        "a = p.parse_args()\n"
+        "row = _harness.Row('x', [0.001])\n"
+        "t = _harness.Table('9. test', 'first', None, [row], reps=1)\n"
+        "if a.save: _harness.save(a, [t])\n"
+        "time.sleep(60)\n"
+    )
+    out = run_all.run_workload(str(script), ["--save", "1"], tmp_path / "a.json", 8.0)
+    assert out["cut"].startswith("stopped at its 8 s limit")
+    assert [t["title"] for t in out["tables"]] == ["first"]
+    out = run_all.run_workload(str(script), ["--save", "0"], tmp_path / "b.json", 3.0)
+    assert out["cut"] and out["tables"] == []
+    with pytest.raises(subprocess.CalledProcessError):
+        run_all.run_workload("no_such_workload.py", [], tmp_path / "c.json", 5.0)
+    assert json.loads(json.dumps(out))  # what results.json holds stays JSON
