@@ -95,3 +95,27 @@ def test_gpu_tier_skips_only_the_missing_native_pass_off_the_cpu():
     assert reason is not None and "platform 'cuda'" in reason
     assert missing_native_handler(info.value, "cpu") is None
     assert missing_native_handler(ValueError(str(info.value)), "gpu") is None
+
+
+def test_default_step_lowers_for_cuda_as_pure_jax():
+    """What a GPU compiles, lowered here: the default ``loss_scaled`` adam
+    step for CUDA has no custom call ("auto" takes the pure-JAX pass and
+    update on CUDA), while the same step for CPU has both native calls.
+    (Host reports are off: JAX cannot lower a host callback for a platform
+    this process has no backend for.)"""
+    optax = pytest.importorskip("optax")
+    import jax_amp_scale as jas
+    from jax_amp_scale.optax import loss_scaled
+
+    params = {"w": jnp.ones((4, 4)), "b": jnp.ones(4)}
+    tx = loss_scaled(optax.adam(1e-3), jas.dynamic_scaler(2.0**15), host_reports=False)
+
+    def step(p, s):
+        updates, s = tx.update(jax.tree.map(jnp.ones_like, p), s, p)
+        return optax.apply_updates(p, updates), s
+
+    traced = jax.jit(step).trace(params, tx.init(params))
+    cuda = traced.lower(lowering_platforms=("cuda",)).as_text()
+    cpu = traced.lower(lowering_platforms=("cpu",)).as_text()
+    assert "custom_call" not in cuda
+    assert "jas_unscale_and_check_v1" in cpu and "jas_update_scale_v2" in cpu
