@@ -63,7 +63,11 @@ def test_corpus_is_the_stdlib_sources_and_deterministic():
     finally:
         sys.path.remove(str(EXAMPLES))
     train, held_out = corpus.load_corpus()
-    assert len(train) > 10 * len(held_out) > 0
+    # Every tenth file is held out.  Their share of the bytes depends on the
+    # Python version (3.11: 1/10.4, 3.12: 1/7.7), so check the files, not a ratio.
+    tenth = corpus.corpus_files()[9::10]
+    assert len(held_out) == len(b"\n".join(p.read_bytes() for p in tenth)) > 0
+    assert len(train) > len(held_out)
     a = corpus.random_windows(train, 3, 4, 9, seed=0)
     b = corpus.random_windows(train, 3, 4, 9, seed=0)
     assert a.shape == (3, 4, 9) and (a == b).all()

@@ -104,10 +104,15 @@ def test_native_module_carries_the_oldest_jaxlibs_ffi_api_version():
 
     from jax_amp_scale import _native_cpu
 
-    assert _native_cpu.ffi_api_version() == OLDEST_FFI_API
+    stamp = _native_cpu.ffi_api_version()
     # The running jaxlib's own headers: the same version on the oldest
     # jaxlib (CI's oldest job), a version at least as new on any later one.
     running = _header_ffi_api(pathlib.Path(jaxlib.__file__).parent)
+    # A wheel carries the oldest version.  A development install built with
+    # --no-build-isolation (the GPU machine's) compiled against the running
+    # jaxlib's headers instead, whose version that jaxlib accepts.
+    built_here = os.environ.get("JAS_EXPECT_INSTALLED") != "1" and stamp == running
+    assert stamp == OLDEST_FFI_API or built_here, (stamp, running)
     if running is None:
         pytest.skip("this jaxlib ships no XLA FFI headers")
     if jaxlib.__version__ == OLDEST_JAXLIB:

@@ -28,10 +28,10 @@ import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-try:  # jax 0.12 removed it, with no public successor yet
+try:  # jax 0.11 removed it, with no public successor yet
     from jax.experimental.shard_alike import shard_alike
-except ImportError:  # pragma: no cover (jax >= 0.12)
-    shard_alike = None  # type: ignore[assignment]
+except ImportError:  # jax >= 0.11: the same groups, under Shardy
+    from jax_amp_scale.lowering.sharding_groups import shard_alike  # type: ignore[assignment]
 
 Pass = Callable[[jax.Array, list[jax.Array]], tuple[jax.Array, list[jax.Array]]]
 
@@ -202,11 +202,9 @@ def _sharded_alike(leaves: list[jax.Array], outs: list[jax.Array]) -> list[jax.A
     """`outs`, each in one sharding group with its operand in `leaves`, so
     the partitioner carries shardings through the call as through the plain
     step's elementwise unscale (ARCHITECTURE.md; tests/multidevice/
-    test_step_collectives.py).  Without `shard_alike` (jax >= 0.12) the bits
-    are the same and XLA may place the backward pass's collectives otherwise.
+    test_step_collectives.py).  On jax >= 0.11, which removed `shard_alike`,
+    sharding_groups.py builds the same groups.
     """
-    if shard_alike is None:
-        return outs
     _, outs = shard_alike(leaves, outs)
     return list(outs)
 

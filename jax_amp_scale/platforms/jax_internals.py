@@ -1,4 +1,5 @@
-"""The two places the library reads JAX internals, isolated here.
+"""The two places the platforms layer reads JAX internals, isolated here
+(lowering/sharding_groups.py reads two more, for GSPMD on jax >= 0.11).
 
 Registering a handler on a PJRT plugin platform (`platforms.pjrt.register`)
 needs two facts JAX has no public API for:
