@@ -1,4 +1,4 @@
-"""What differs across the supported jax range (0.6.0 ... 0.10), for tests."""
+"""What differs across the supported jax range (0.6.0 and later; CI runs 0.6.0, 0.10 and the newest), for tests."""
 
 from __future__ import annotations
 

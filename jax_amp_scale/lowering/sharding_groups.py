@@ -6,8 +6,8 @@ one sharding group, so that the partitioner carries shardings through the
 custom call (issue 30).  Under Shardy (jax's default partitioner since 0.7)
 a group is one ``sdy.sharding_group`` op per array, through public APIs;
 under GSPMD it is a ``shard_as`` annotation, which only JAX internals build
-(without them, no group: the same bits, and XLA may place the collectives
-otherwise).
+(platforms/jax_internals.py; without them, no group: the same bits, and XLA
+may place the collectives otherwise).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import jax
 from jax.extend.core import Primitive
 from jax.extend.mlir.dialects import sdy
 from jax.interpreters import ad, batching, mlir
+
+from jax_amp_scale.platforms import jax_internals
 
 # Group ids only need to differ between the groups of one program.
 _ids = itertools.count()
@@ -34,30 +36,10 @@ def _lowering(ctx: Any, x: Any, y: Any) -> list[Any]:
     group = next(_ids)
     # The flag's documented reader; jax's stubs do not declare it.
     if not jax.config.jax_use_shardy_partitioner:  # type: ignore[attr-defined]
-        return _gspmd_group(ctx, [x, y], group)
+        return jax_internals.gspmd_shard_group(ctx, [x, y], group)
     sdy.sharding_group(x, group)
     sdy.sharding_group(y, group)
     return [x, y]
-
-
-def _gspmd_group(ctx: Any, values: list[Any], group: int) -> list[Any]:
-    """GSPMD's group: each value wrapped in a "Sharding" custom call marked
-    ``shard_as`` the group, built with two JAX internals (none public)."""
-    try:
-        from jax._src.interpreters.mlir import wrap_with_sharding_op
-        from jax._src.lib import xla_client as xc
-
-        s = xc.OpSharding()
-        s.type = xc.OpSharding.Type.UNKNOWN
-        s.is_shard_group = True
-        s.shard_group_id = group
-        s.shard_group_type = xc.OpSharding.ShardGroupType.AS
-    except (ImportError, AttributeError):  # a jax without them: no group
-        return values
-    return [
-        wrap_with_sharding_op(ctx, v, aval, s, has_side_effect=True)
-        for v, aval in zip(values, ctx.avals_out, strict=True)
-    ]
 
 
 def _batched(args: Sequence[Any], dims: Sequence[Any]) -> tuple[Any, Any]:

@@ -1,5 +1,4 @@
-"""The two places the platforms layer reads JAX internals, isolated here
-(lowering/sharding_groups.py reads two more, for GSPMD on jax >= 0.11).
+"""Where the library reads JAX internals, isolated here.
 
 Registering a handler on a PJRT plugin platform (`platforms.pjrt.register`)
 needs two facts JAX has no public API for:
@@ -20,8 +19,14 @@ that renamed or dropped either): `loaded_plugin_c_apis` returns ``{}``, so
 `register` without ``library_path=`` raises `PluginRegistrationError` saying
 JAX has loaded no such plugin (pass the plugin's library path instead), and
 `python_side_forwards` returns False, so registration goes through the PJRT
-C API route, which works for every plugin with the FFI extension.  Nothing
-here runs at import; nothing is written.
+C API route, which works for every plugin with the FFI extension.
+
+3. **A GSPMD sharding group** (``shard_as``), for lowering/sharding_groups.py
+   on the jax releases that removed ``jax.experimental.shard_alike`` (0.11
+   on): only JAX's internal sharding-op builder makes one.
+   `gspmd_shard_group` returns the values ungrouped without it.
+
+Nothing here runs at import; nothing is written.
 """
 
 from __future__ import annotations
@@ -59,3 +64,24 @@ def python_side_forwards(registry_platform: str) -> bool:
     except ImportError:  # pragma: no cover - a JAX without the module
         return False
     return registry_platform in getattr(xla_client, "_custom_callback_handler", {})
+
+
+def gspmd_shard_group(ctx: Any, values: list[Any], group: int) -> list[Any]:
+    """`values` (MLIR values of a lowering rule with `ctx`), each wrapped in
+    a "Sharding" custom call marked ``shard_as`` `group`: GSPMD partitions
+    them alike.  Unchanged where JAX lacks the internals."""
+    try:
+        from jax._src.interpreters.mlir import wrap_with_sharding_op
+        from jax._src.lib import xla_client as xc
+
+        s = xc.OpSharding()
+        s.type = xc.OpSharding.Type.UNKNOWN
+        s.is_shard_group = True
+        s.shard_group_id = group
+        s.shard_group_type = xc.OpSharding.ShardGroupType.AS
+    except (ImportError, AttributeError):  # pragma: no cover - a JAX without them
+        return values
+    return [
+        wrap_with_sharding_op(ctx, v, aval, s, has_side_effect=True)
+        for v, aval in zip(values, ctx.avals_out, strict=True)
+    ]
