@@ -80,6 +80,7 @@ def test_compile_targets_name_each_model_and_size():
     ]
 
 
+@pytest.mark.slow  # two workloads run to their time limits
 def test_a_workload_stopped_at_its_limit_keeps_what_it_finished(tmp_path):
     """run_all.run_workload past --timeout-s: the tables the workload had
     saved (`_harness.save`, after each one) are kept and marked as cut; a
