@@ -121,6 +121,29 @@ def test_unscale_and_check_equals_torch_at_every_scale(backend, dtype):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_below_scale_one_a_subnormal_gradient_counts_as_zero(backend, dtype):
+    # At a scale below 1 the inverse is above 1 and torch can lift a float32
+    # subnormal gradient into the normal range; XLA:CPU reads a subnormal
+    # operand as zero (docs/operator.md).  Every other bit is torch's, the
+    # flushed subnormal results aside.
+    grads = _gradients(dtype)
+    scale = 0.375
+    want, want_found = _torch_unscale(grads, scale)
+    run = jax.jit(lambda inv, g: unscale_and_check_leaves(inv, [g], backend))
+    found, (got,) = run(inverse_scale(jnp.float32(scale)), jnp.asarray(grads))
+    assert bool(found) == want_found
+    g = _bits(np.asarray(got))
+    operand = (np.abs(grads.astype(np.float64)) < 2.0**-126) & (grads != 0)
+    lifted = operand & (np.abs(want.astype(np.float64)) >= 2.0**-126)
+    assert lifted.any()  # the case exists in these gradients
+    magnitude = 0x7FFFFFFF if g.dtype == np.uint32 else 0x7FFF
+    assert ((g[lifted] & magnitude) == 0).all()  # ours: a zero
+    keep = ~lifted
+    _assert_torch_bits(np.asarray(got)[keep], want[keep])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_the_issue_example(backend):
     state = jas.init_scale_state(2.0**127)
     g = {"g": jnp.float32(0.5 * 2.0**127)}
