@@ -144,6 +144,20 @@ def test_below_scale_one_a_subnormal_gradient_counts_as_zero(backend, dtype):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_at_scale_one_a_signaling_nan_comes_back_quiet(backend):
+    # torch skips the multiply when the inverse is 1 and returns a signaling
+    # NaN's bits as they were; the multiply by 1 here quiets it: still a NaN,
+    # still flagged (docs/operator.md).
+    grads = np.array([0x7FB9C06F, 0xFF800001, 0x3F800000], np.uint32).view(np.float32)
+    want, want_found = _torch_unscale(grads, 1.0)
+    run = jax.jit(lambda inv, g: unscale_and_check_leaves(inv, [g], backend))
+    found, (got,) = run(inverse_scale(jnp.float32(1.0)), jnp.asarray(grads))
+    assert bool(found) and want_found
+    np.testing.assert_array_equal(_bits(want), _bits(grads))
+    np.testing.assert_array_equal(_bits(np.asarray(got)), [0x7FF9C06F, 0xFFC00001, 0x3F800000])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_the_issue_example(backend):
     state = jas.init_scale_state(2.0**127)
     g = {"g": jnp.float32(0.5 * 2.0**127)}
