@@ -26,6 +26,7 @@ Builder = Callable[[LossFn, PyTree, optax.GradientTransformation], tuple[Any, Ca
 
 INIT_SCALE = 2.0**15
 HANDWRITTEN = "hand-written exact skip (no library)"
+NO_REPORTS = "ours, no host reports (loss_scaled[auto], host_reports=False)"
 
 
 def plain(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
@@ -153,6 +154,9 @@ def candidates(backends: tuple[str, ...]) -> dict[str, Builder]:
     out: dict[str, Builder] = {"plain": plain}
     for b in backends:
         out[f"ours loss_scaled[{b}]"] = ours(b)
+    # What the host reports cost where they are a host callback (off the
+    # CPU: a conditional whose predicate the host reads, every step).
+    out[NO_REPORTS] = ours("auto", host_reports=False)
     out[HANDWRITTEN] = handwritten_skip
     out["jmp DynamicLossScale"] = jmp_dynamic
     out["flax DynamicScale"] = flax_dynamic

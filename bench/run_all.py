@@ -132,6 +132,12 @@ def _floor_lines(t: _harness.Table, what: str) -> list[str]:
             f"- Default step within 1% of the hand-written exact skip, {what}: "
             f"**{'met' if ratio <= 1.01 else 'missed'}** ({ratio:.3f}x)."
         )
+    quiet = _row(t, "ours, no host reports")
+    if ours is not None and quiet is not None:
+        ratio = statistics.median(a / b for a, b in zip(ours.times, quiet.times, strict=True))
+        lines.append(
+            f"- The host reports' cost, {what}: the default step {ratio:.3f}x the step without them."
+        )
     plain, scaled = _row(t, "torch plain step"), _row(t, "torch GradScaler step")
     if plain is not None and scaled is not None and ours is not None and ours.ratio:
         ratio = statistics.median(a / b for a, b in zip(scaled.times, plain.times, strict=True))

@@ -245,6 +245,7 @@ def test_step_beside_torch_and_the_hand_written_skip():
     lines = _run_all().targets([t])
     assert any(line.startswith("- Default step within 1% of the hand-written") for line in lines)
     assert any(line.startswith("- Scaling's cost, float16 compute: ours") for line in lines)
+    assert any(line.startswith("- The host reports' cost, float16 compute:") for line in lines)
 
 
 def test_reports_written(suite):
