@@ -154,8 +154,8 @@ def candidates(backends: tuple[str, ...]) -> dict[str, Builder]:
     out: dict[str, Builder] = {"plain": plain}
     for b in backends:
         out[f"ours loss_scaled[{b}]"] = ours(b)
-    # What the host reports cost where they are a host callback (off the
-    # CPU: a conditional whose predicate the host reads, every step).
+    # What the host reports cost where they are a host callback in a
+    # conditional (off the CPU; the native report is CPU-only).
     out[NO_REPORTS] = ours("auto", host_reports=False)
     out[HANDWRITTEN] = handwritten_skip
     out["jmp DynamicLossScale"] = jmp_dynamic
