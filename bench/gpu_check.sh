@@ -160,10 +160,14 @@ workload step 100 "${STEP[@]}"
 # --- the transformer example's four precisions, with step times --------------
 stage transformer 90 "$PYTHON" examples/transformer_lm.py "${LM[@]}" --out-dir "$RUN/transformer"
 
-# --- the GPU tier of the core tests (tests/gpu_tier.py), with what time is left
+# --- the GPU tier of the core tests (tests/gpu_tier.py), with what time is left:
+# the arithmetic ones (goldens, backends against each other, torch as the
+# oracle) and the first-contact contract.  test_fused_unscale.py and
+# test_transformations.py are left out: they also assert what XLA:CPU's
+# compiled text holds (the native calls), which a GPU's cannot.
 GPU_TIER=(tests/test_golden.py tests/test_found_inf.py tests/test_differential.py
-          tests/test_inverse_scale.py tests/test_torch_oracle.py tests/test_fused_unscale.py
-          tests/test_fast_product.py tests/test_transformations.py tests/test_first_contact.py)
+          tests/test_inverse_scale.py tests/test_torch_oracle.py tests/test_fast_product.py
+          tests/test_first_contact.py)
 [[ $DRY == 1 ]] && GPU_TIER=(tests/test_golden.py)
 JAS_EXAMPLES_DIVISOR=3 stage gpu-tier 150 "$PYTHON" -m pytest -q -p no:cacheprovider -rs \
   "${GPU_TIER[@]}"
