@@ -118,6 +118,14 @@ def _scales(row: C.Row, states: list[Any]) -> list[float]:
     ]
 
 
+# Every cell waits for each step before dispatching the next.  With steps in
+# flight, eight virtual devices on two loaded cores deadlocked XLA:CPU's
+# runtime: one replica's launch waited on its device's in-flight-computation
+# semaphore while the other seven sat in the step's all-reduce, past any
+# timeout (CI, once per few runs; 3 of 3 runs beside three CPU hogs; 0 of 6
+# with the wait).
+
+
 def shard_map_cell(row: C.Row) -> None:
     mesh = jax.make_mesh((N,), (AXIS,))
     d = dp_driver(row)
@@ -145,7 +153,7 @@ def shard_map_cell(row: C.Row) -> None:
     )
     states = []
     for x in stacked:
-        params, state = step(params, state, x)
+        params, state = jax.block_until_ready(step(params, state, x))
         states.append(state)
     C.check(row, params, state, C.oracle(row, mean), _scales(row, states))
 
@@ -167,7 +175,7 @@ def pmap_cell(row: C.Row) -> None:
     )
     states = []
     for x in stacked:
-        params, state = step(params, state, x)
+        params, state = jax.block_until_ready(step(params, state, x))
         states.append(jax.tree.map(lambda a: a[0], state))
     for leaf in jax.tree.leaves((params, state)):  # every replica took the same step
         leaf = np.asarray(leaf)
@@ -193,7 +201,7 @@ def fsdp_cell(row: C.Row) -> None:
     )
     states = []
     for x in sharded:
-        params, state = step(params, state, x)
+        params, state = jax.block_until_ready(step(params, state, x))
         states.append(state)
     assert params["w"].sharding.is_equivalent_to(shard["w"], 2), params["w"].sharding
     C.check(row, params, state, C.oracle(row, bs, dtype), _scales(row, states))
