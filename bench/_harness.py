@@ -128,6 +128,26 @@ def measure(
     return rows
 
 
+def paired_ratio(row: Row, base: Row) -> float:
+    """The median of `row`'s time over `base`'s, paired per repetition (both
+    ran in each repetition, so load drift cancels)."""
+    return statistics.median(a / b for a, b in zip(row.times, base.times, strict=True))
+
+
+def torch_device() -> Any:
+    """torch's device where JAX runs: the CPU, or the GPU of JAX's GPU
+    backend; None without torch or without torch on that GPU."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    import jax
+
+    if jax.default_backend() == "cpu":
+        return torch.device("cpu")
+    return torch.device("cuda") if torch.cuda.is_available() else None
+
+
 def time_once(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()

@@ -110,9 +110,8 @@ def torch_rows(args, model: tuple[int, int, int], compute: str) -> dict:
     if not args.torch:
         return {}
     import bench_torch
-    from bench_unscale import torch_device
 
-    device = torch_device()
+    device = _harness.torch_device()
     if device is None:
         raise SystemExit(f"--torch: torch cannot run on {jax.default_backend()}")
     return bench_torch.step_candidates(*model, compute, args.optimizer, device)
@@ -124,9 +123,7 @@ def vs(rows, base_prefix: str) -> dict[str, str]:
     if base is None:
         return {}
     return {
-        r.name: f"{np.median([a / b for a, b in zip(r.times, base.times, strict=True)]):.3f}"
-        for r in rows
-        if r.name.startswith("torch")
+        r.name: f"{_harness.paired_ratio(r, base):.3f}" for r in rows if r.name.startswith("torch")
     }
 
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -220,18 +219,6 @@ def jax_candidates(ours_ok: bool, peers: bool = True):
     return out
 
 
-def torch_device():
-    """torch's device for JAX's default backend: the CPU, or the GPU JAX runs
-    on (None: torch missing, or without that GPU)."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if jax.default_backend() == "cpu":
-        return torch.device("cpu")
-    return torch.device("cuda") if torch.cuda.is_available() else None
-
-
 def torch_fused_candidate(total_bytes: int, n_leaves: int, dtype, device):
     """torch's fused in-place op on its own copy of the gradients on `device`."""
     import torch
@@ -348,7 +335,7 @@ def run_case(
         cands[name] = run
     # torch and the bandwidth limit run where JAX runs: the host's threads
     # on the CPU, one torch kernel on the GPU.
-    device = torch_device() if torch_ok else None
+    device = _harness.torch_device() if torch_ok else None
     if device is not None:
         cands[TORCH] = torch_fused_candidate(total_bytes, n_leaves, dtype, device)
     if jax.default_backend() == "cpu":
@@ -369,11 +356,7 @@ def vs_torch(rows) -> dict[str, str]:
     base = next((r for r in rows if r.name == TORCH), None)
     if base is None:
         return {}
-    out = {}
-    for r in rows:
-        ratios = [a / b for a, b in zip(r.times, base.times, strict=True)]
-        out[r.name] = f"{statistics.median(ratios):.2f}"
-    return out
+    return {r.name: f"{_harness.paired_ratio(r, base):.2f}" for r in rows}
 
 
 def run_torch_case(total_bytes: int, n_leaves: int, reps: int, warmup: int):
@@ -493,7 +476,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
             notes.append(f"{dname}: the peers are not run (their float32 rows show the pattern).")
         limit = f"{LIMIT}: {args.threads} thread(s)"
         if jax.default_backend() != "cpu":
-            limit = f"torch on {torch_device()}; {LIMIT_GPU}: one kernel"
+            limit = f"torch on {_harness.torch_device()}; {LIMIT_GPU}: one kernel"
         notes.append(
             f"{limit}; {DISPATCH}: jit's own cost for {n} donated "
             "arrays in and out, which every jitted candidate pays and torch does not."

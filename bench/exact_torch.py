@@ -85,13 +85,10 @@ class Tally:
 
 def torch_device():
     """torch's device matching JAX's default backend (an error if it has none)."""
-    import torch
-
-    if jax.default_backend() == "cpu":
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise SystemExit(f"JAX runs on {jax.default_backend()} but torch has no CUDA device")
-    return torch.device("cuda")
+    device = _harness.torch_device()
+    if device is None:
+        raise SystemExit(f"JAX runs on {jax.default_backend()}: torch has no device there")
+    return device
 
 
 def bits(x: np.ndarray) -> np.ndarray:

@@ -21,7 +21,6 @@ import json
 import math
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -127,20 +126,20 @@ def _floor_lines(t: _harness.Table, what: str) -> list[str]:
     lines = []
     ours, floor = _row(t, "ours loss_scaled[auto]"), _row(t, "hand-written exact skip")
     if ours is not None and floor is not None and ours.ratios and floor.ratios:
-        ratio = statistics.median(a / b for a, b in zip(ours.times, floor.times, strict=True))
+        ratio = _harness.paired_ratio(ours, floor)
         lines.append(
             f"- Default step within 1% of the hand-written exact skip, {what}: "
             f"**{'met' if ratio <= 1.01 else 'missed'}** ({ratio:.3f}x)."
         )
     quiet = _row(t, "ours, no host reports")
     if ours is not None and quiet is not None:
-        ratio = statistics.median(a / b for a, b in zip(ours.times, quiet.times, strict=True))
+        ratio = _harness.paired_ratio(ours, quiet)
         lines.append(
             f"- The host reports' cost, {what}: the default step {ratio:.3f}x the step without them."
         )
     plain, scaled = _row(t, "torch plain step"), _row(t, "torch GradScaler step")
     if plain is not None and scaled is not None and ours is not None and ours.ratio:
-        ratio = statistics.median(a / b for a, b in zip(scaled.times, plain.times, strict=True))
+        ratio = _harness.paired_ratio(scaled, plain)
         lines.append(
             f"- Scaling's cost, {what}: ours {ours.ratio:.3f}x JAX's plain step, torch's "
             f"GradScaler {ratio:.3f}x torch's plain step (torch's plain step "

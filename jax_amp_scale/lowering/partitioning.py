@@ -30,7 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 try:  # jax 0.11 removed it, with no public successor yet
     from jax.experimental.shard_alike import shard_alike
-except ImportError:  # jax >= 0.11: the same groups, under Shardy
+except ImportError:  # jax >= 0.11: the same groups, built here (Shardy and GSPMD)
     from jax_amp_scale.lowering.sharding_groups import shard_alike  # type: ignore[assignment]
 
 Pass = Callable[[jax.Array, list[jax.Array]], tuple[jax.Array, list[jax.Array]]]
