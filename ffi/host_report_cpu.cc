@@ -12,7 +12,7 @@
 // Result:   flag, unchanged: the data dependency that keeps the call in the
 //           program (it has no JAX effect).
 // Attribute report (int64): the key of the Python function in
-//           jax_amp_scale/lowering/ffi_calls.py (run), which runs it as
+//           jax_amp_scale/operators/host_report.py (run), which runs it as
 //           run(report, [flag, *values]), each operand a flat list.
 //
 // Nothing is called unless some element of flag is true (under vmap the
@@ -34,7 +34,7 @@ namespace {
 
 namespace nb = nanobind;
 
-constexpr char kPythonModule[] = "jax_amp_scale.lowering.ffi_calls";
+constexpr char kPythonModule[] = "jax_amp_scale.operators.host_report";
 
 bool IsValueDtype(ffi::DataType dt) {
   return dt == ffi::DataType::PRED || dt == ffi::DataType::F32 || dt == ffi::DataType::S32;

@@ -10,21 +10,15 @@ checkpoint interop in `jax_amp_scale.interop`; plugin registration in
 import importlib as _importlib
 
 from jax_amp_scale._version import __version__ as __version__
-from jax_amp_scale.ops.dispatch import auto_backend, available_backends
-from jax_amp_scale.ops.operators import amp_update_scale, update_scale
-from jax_amp_scale.state.scale_state import ScaleState, init_scale_state
-from jax_amp_scale.training.helpers import (
-    all_finite,
-    clip_by_global_norm,
-    find_scale_state,
-    nonfinite_leaves,
-    nonfinite_paths,
-    scale_loss,
-    unscale,
-    unscale_and_check,
-    value_and_grad,
+from jax_amp_scale.mechanisms.handlers import auto_backend, available_backends
+from jax_amp_scale.operators.unscale_and_check import all_finite
+from jax_amp_scale.operators.update_scale import (
+    ScaleState,
+    amp_update_scale,
+    init_scale_state,
+    update_scale,
 )
-from jax_amp_scale.training.policy import Policy, get_policy
+from jax_amp_scale.policy import Policy, get_policy
 from jax_amp_scale.training.scalers import (
     DynamicScaler,
     NoOpScaler,
@@ -33,6 +27,16 @@ from jax_amp_scale.training.scalers import (
     dynamic_scaler,
     no_op_scaler,
     static_scaler,
+)
+from jax_amp_scale.training.scaling import (
+    clip_by_global_norm,
+    find_scale_state,
+    nonfinite_leaves,
+    nonfinite_paths,
+    scale_loss,
+    unscale,
+    unscale_and_check,
+    value_and_grad,
 )
 
 __all__ = [
@@ -68,10 +72,10 @@ def __getattr__(name: str) -> object:
     # Trainer needs optax (an optional extra); the public submodules load on
     # first use.
     if name == "Trainer":
-        from jax_amp_scale.training.trainer import Trainer
+        from jax_amp_scale.trainer import Trainer
 
         return Trainer
-    if name in ("optax", "plugin", "interop", "policy"):
+    if name in ("optax", "plugin", "interop", "policy", "export"):
         return _importlib.import_module(f"jax_amp_scale.{name}")
     raise AttributeError(f"module 'jax_amp_scale' has no attribute {name!r}")
 

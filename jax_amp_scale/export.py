@@ -1,18 +1,121 @@
-"""Export library steps with `jax.export`: ``jax_amp_scale.export.export(step)``
-(docs/guide/export.md)."""
+"""`jax.export` of steps that call the library's native handlers: `export`, `deserialize`.
 
-import importlib.util as _util
+`jax.export` serializes a custom call only when its target is on JAX's list
+of targets with compatibility guarantees, or when the caller disables that
+check for the target by name.  The library gives the guarantee itself:
+every FFI target name carries the version of its operands and attributes
+(ffi/targets.h), and a published name stays registered with a handler for
+its own set (tests/fixtures/ holds artifacts every release must run with the
+same bits).  So `export` disables the check for exactly those names
+(`exportable_targets`), and `deserialize` registers the handlers first (a
+fresh process has not).  Serializing needs ``flatbuffers`` (the ``export``
+extra).
+"""
 
-from jax_amp_scale.lowering.exporting import (
-    deserialize,
-    export,
-    exportable_targets,
-    register_handlers,
-)
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax import export as jax_export
+
+from jax_amp_scale.mechanisms import custom_call, handlers
 
 # The optax layer's state types register their serialization names on import:
 # a process that only deserializes then knows every library pytree.
-if _util.find_spec("optax") is not None:
+if importlib.util.find_spec("optax") is not None:
     import jax_amp_scale.optax  # noqa: F401
 
-__all__ = ["deserialize", "export", "exportable_targets", "register_handlers"]
+
+def exportable_targets() -> tuple[str, ...]:
+    """Every FFI target name of this library that a serialized program may
+    call, sorted."""
+    return tuple(sorted(handlers.served_targets()))
+
+
+def register_handlers() -> None:
+    """Registers the native handlers with XLA (idempotent).
+
+    Running a deserialized artifact that calls them needs this first in a
+    process that has not run a library step yet; `deserialize` does it.
+    """
+    for op in handlers.OPERATORS:
+        handlers.platforms(op)
+
+
+def export(
+    fun: Callable[..., Any],
+    *,
+    platforms: Sequence[str] | None = None,
+    disabled_checks: Sequence[jax_export.DisabledSafetyCheck] = (),
+    **kwargs: Any,
+) -> Callable[..., jax_export.Exported]:
+    """`jax.export.export(fun, ...)` with the library's custom calls allowed.
+
+    `fun` is jitted if it is not already.  `platforms`, `disabled_checks`
+    (added to the library's own) and the other keywords go to
+    `jax.export.export`.  `loss_scaled`'s host reports do not serialize (a
+    ValueError says so): build the step without them
+    (``host_reports=False``; docs/guide/export.md).  In a process with
+    several devices the native calls are exported unpartitioned (one call
+    over whole arrays, which XLA gathers around when the artifact runs
+    sharded; the same bits), because custom_partitioning does not
+    serialize; exporting then clears jit's caches (`jax.clear_caches`)
+    before and after tracing.
+    """
+    checks = [jax_export.DisabledSafetyCheck.custom_call(t) for t in exportable_targets()]
+    if not hasattr(fun, "lower"):
+        fun = jax.jit(fun)
+    exporter = jax_export.export(
+        fun,  # type: ignore[arg-type]
+        platforms=platforms,
+        disabled_checks=[*checks, *disabled_checks],
+        **kwargs,
+    )
+    whole = jax.device_count() > 1
+
+    def export_checked(*args: Any, **kw: Any) -> jax_export.Exported:
+        try:
+            return _traced(exporter, whole, *args, **kw)
+        except (ValueError, NotImplementedError) as e:
+            # JAX raises ValueError or NotImplementedError by version and by
+            # how the report lowers (jax >= 0.7 names the report's target;
+            # older jax trips its host-callback check on the callback branch
+            # first); the library says ValueError always.
+            if _HOST_REPORT_PREFIX not in str(e) and "host_callbacks" not in str(e):
+                raise
+            raise ValueError(
+                "jax_amp_scale.export: the step holds host reports or callbacks, which do not "
+                "serialize; build loss_scaled with host_reports=False "
+                f"(docs/guide/export.md).  jax.export said: {e}"
+            ) from e
+
+    return export_checked
+
+
+def _traced(exporter: Callable[..., Any], whole: bool, *args: Any, **kw: Any) -> Any:
+    if not whole:
+        return exporter(*args, **kw)
+    # With several devices the native calls are wrapped in custom_partitioning,
+    # whose Python partitioner cannot be serialised: trace them unwrapped.
+    # jit's trace cache does not know that switch, so it is cleared before (a
+    # partitioned trace of `fun` may be cached) and after (so later steps
+    # partition again).
+    jax.clear_caches()
+    try:
+        with custom_call.whole_arrays():
+            return exporter(*args, **kw)
+    finally:
+        jax.clear_caches()
+
+
+# Every version of the host report's target name starts so (ffi/targets.h).
+_HOST_REPORT_PREFIX = "jas_host_report"
+
+
+def deserialize(blob: bytes | bytearray) -> jax_export.Exported:
+    """`jax.export.deserialize(blob)` after `register_handlers()`."""
+    register_handlers()
+    return jax_export.deserialize(blob)  # type: ignore[arg-type]

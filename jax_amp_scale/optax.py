@@ -1,7 +1,10 @@
 """optax integration (needs optax: ``pip install optax``): `loss_scaled`, the
-pieces that compose with it, and `optimizer_step` for hand-written loops."""
+pieces that compose with it, and `optimizer_step` for hand-written loops.
 
-from jax_amp_scale.training.optax import (
+The one place a user imports the optax layer from: it gathers
+``training/loss_scaled.py`` and ``training/pieces.py``."""
+
+from jax_amp_scale.training.loss_scaled import (
     LossScaled,
     LossScaledState,
     SkipReason,

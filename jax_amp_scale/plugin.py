@@ -1,5 +1,128 @@
-"""Register the native handlers on a PJRT plugin platform (Ascend, CUDA): `register`."""
+"""Register the native handlers on a PJRT plugin platform (Ascend, CUDA): `register`.
 
-from jax_amp_scale.platforms.pjrt import PluginRegistrationError, register, registrations
+Without a call, the platforms named in ``$JAX_AMP_SCALE_PLUGIN_PLATFORMS``
+(default ``ascend,npu``) are registered at the library's first use
+(docs/guide/plugins.md).  A call picks the plugin library explicitly and
+raises what the automatic registration only records.
+"""
 
-__all__ = ["PluginRegistrationError", "register", "registrations"]
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from jax_amp_scale.mechanisms import handlers, jax_internals
+from jax_amp_scale.mechanisms.handlers import PluginRegistrationError
+
+__all__ = ["PluginRegistrationError", "register", "register_in_api", "registrations"]
+
+
+def _check_is_loaded_plugin(platform: str, path: str, api: int) -> None:
+    """Raises unless `path`'s PJRT API is the one JAX loaded for `platform`.
+
+    ``GetPjrtApi()`` returns one static table per loaded library, and
+    dlopen of a library already loaded returns that library: the same file
+    gives the same address, another file (another plugin, another copy)
+    another one.
+    """
+    try:
+        loaded = handlers.loaded_plugin_api(platform)
+    except PluginRegistrationError:
+        plugins = sorted(jax_internals.loaded_plugin_c_apis())
+        raise PluginRegistrationError(
+            f"cannot register on platform {platform!r} through {path}: JAX has not "
+            f"loaded a PJRT plugin for {platform!r} (PJRT plugins loaded: "
+            f"{plugins or 'none'}), so a handler registered there would never run. "
+            "Install and select the platform's plugin (JAX_PLATFORMS); a plugin "
+            "this process loads itself goes through register_in_api"
+        ) from None
+    if loaded != api:
+        raise PluginRegistrationError(
+            f"{path} is not the PJRT plugin JAX loaded for platform {platform!r} "
+            f"(its PJRT API is at 0x{api:x}, JAX's at 0x{loaded:x}); registering in "
+            "it would not reach that platform. Omit library_path= to use the "
+            "loaded plugin"
+        )
+
+
+def register(
+    platform: str = "ascend",
+    library_path: str | os.PathLike[str] | None = None,
+    *,
+    registry_platform: str | None = None,
+    handler: Any = None,
+    target: str | None = None,
+) -> str:
+    """Registers the update-scale handler on the PJRT plugin platform `platform`.
+
+    Args:
+      platform: the JAX platform name of the plugin (``"ascend"`` for the
+        Ascend plugin; ``"cuda"`` for the jax CUDA plugin).
+      library_path: the plugin's shared library.  Default: the library JAX
+        loaded for `platform` (JAX must have discovered the plugin).  A path
+        must be that same library (its ``GetPjrtApi()`` must return the API
+        JAX loaded for `platform`): a handler registered in another plugin,
+        or under a platform JAX does not run, would never be called, or
+        would be called for the wrong device.
+      registry_platform: the platform name inside the plugin's FFI registry
+        (default: ``"CUDA"`` for cuda, else `platform`).
+      handler: an XLA FFI handler capsule (default: the Ascend handler, or the
+        CUDA one for cuda).
+      target: the custom-call target name (default: the update-scale
+        target, ``"jas_update_scale_v2"``; on Ascend, with the default handler,
+        the gradient pass ``"jas_unscale_and_check_v1"`` is registered too).
+
+    Returns:
+      The route used: ``"jax.ffi"``, ``"pjrt"`` (C API, newer argument
+      layout) or ``"pjrt-versioned"`` (C API, older layout with api_version).
+
+    Idempotent: registering the same handler again returns without calling
+    the plugin.  Raises `PluginRegistrationError` when the library is not a
+    PJRT plugin or not the one JAX loaded for `platform`, has no FFI
+    extension, has an FFI extension of a version this module does not know,
+    when the plugin reports an error, or when another handler was already
+    registered here for the same target and platform.
+    """
+    platform = str(platform).lower()
+    api = None
+    if library_path is not None:
+        if handler is None:
+            handlers.default_handler(platform)  # a handler that was not built: say so first
+        try:
+            plugin_module = importlib.import_module("jax_amp_scale._native_plugin")
+            api = plugin_module.api_from_library(os.fspath(library_path))
+        except RuntimeError as e:
+            raise PluginRegistrationError(str(e)) from None
+        _check_is_loaded_plugin(platform, os.fspath(library_path), api)
+    try:
+        return handlers.register_plugin(
+            platform, api, registry_platform=registry_platform, handler=handler, target=target
+        )
+    except RuntimeError as e:
+        if isinstance(e, PluginRegistrationError):
+            raise
+        raise PluginRegistrationError(str(e)) from None
+
+
+def register_in_api(
+    api: int,
+    platform: str,
+    *,
+    registry_platform: str | None = None,
+    handler: Any = None,
+    target: str | None = None,
+) -> str:
+    """`register` into the PJRT API table at address `api` (a ``PJRT_Api*``,
+    e.g. from ``jax_amp_scale._native_plugin.api_from_library``), which the
+    caller vouches is the plugin that runs `platform`: no check that JAX
+    loaded it.  For embedders that load a plugin themselves.  Returns the
+    route (``"pjrt"`` or ``"pjrt-versioned"``)."""
+    return handlers.register_plugin(
+        platform, int(api), registry_platform=registry_platform, handler=handler, target=target
+    )
+
+
+def registrations() -> dict[str, str]:
+    """Platforms registered on plugins in this process, with the route used."""
+    return dict(handlers.ROUTES)

@@ -13,9 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_amp_scale.state.scale_state import ScaleState, init_scale_state
-from jax_amp_scale.state.validation import INT32_MAX
-from jax_amp_scale.training.helpers import find_scale_state, key_name
+from jax_amp_scale.operators.update_scale import INT32_MAX, ScaleState, init_scale_state
+from jax_amp_scale.training.scaling import find_scale_state, key_name
 
 PyTree = Any
 

@@ -1,1 +1,1 @@
-"""The training layer: scalers, helpers, optax, Trainer, policies (ARCHITECTURE.md)."""
+"""The training layer: scalers, the scale functions, `loss_scaled` and its pieces (ARCHITECTURE.md)."""

@@ -10,12 +10,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jax_amp_scale.state.tree import compute_dtype, is_float_leaf, typed_as
-from jax_amp_scale.training import _export, helpers
-from jax_amp_scale.training.optax import LossScaled, positive_int, strongly_typed
+from jax_amp_scale.mechanisms.floats import is_float_leaf, widened
+from jax_amp_scale.training import scaling, serialization
+from jax_amp_scale.training.loss_scaled import LossScaled, positive_int, strongly_typed, typed_as
 
 
-@_export.register_namedtuple
+@serialization.register_namedtuple
 class AccumulationState(NamedTuple):
     """State of `accumulate_gradients`.
 
@@ -32,7 +32,7 @@ class AccumulationState(NamedTuple):
     acc_grads: Any
 
 
-@_export.register_namedtuple
+@serialization.register_namedtuple
 class ClipGradNormState(NamedTuple):
     """State of `clip_grad_norm`: ``norm``, the float32 global norm of the
     gradients of the last applied step, before clipping (torch's return value)."""
@@ -44,8 +44,8 @@ def _mean(tree: Any, k: int) -> Any:
     """Floating leaves divided by `k` in `compute_dtype`, rounded once back."""
     if k == 1:
         return tree
-    return helpers.map_floats(
-        lambda x: (x.astype(compute_dtype(x.dtype)) / k).astype(x.dtype), tree
+    return scaling.map_floats(
+        lambda x: widened(lambda w: w / k, x), tree
     )
 
 
@@ -135,15 +135,15 @@ def clip_grad_norm(max_norm: float | None) -> optax.GradientTransformation:
     unscaled gradients: ``loss_scaled(optax.chain(clip_grad_norm(1.0),
     optax.adam(1e-3)))``; a skipped step keeps the previous norm.
     """
-    limit = None if max_norm is None else helpers.check_max_norm(max_norm, "max_norm")
+    limit = None if max_norm is None else scaling.check_max_norm(max_norm, "max_norm")
 
     def update_fn(
         updates: Any, state: ClipGradNormState, params: Any = None
     ) -> tuple[Any, ClipGradNormState]:
         del params
-        norm = helpers.global_norm(updates)
+        norm = scaling.global_norm(updates)
         if limit is not None:
-            updates = helpers.clip_to_norm(updates, norm, limit)
+            updates = scaling.clip_to_norm(updates, norm, limit)
         return updates, ClipGradNormState(norm)
 
     return optax.GradientTransformation(

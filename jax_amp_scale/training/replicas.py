@@ -14,8 +14,8 @@ from typing import Any
 
 import jax
 
-from jax_amp_scale.ops.operators import or_across
-from jax_amp_scale.state.tree import varying_axes
+from jax_amp_scale.mechanisms.custom_call import varying_axes
+from jax_amp_scale.operators.update_scale import or_across
 
 PyTree = Any
 

@@ -19,25 +19,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_amp_scale.ops.dispatch import Backend
-from jax_amp_scale.ops.operators import found_to_bool, or_across, update_scale
-from jax_amp_scale.state.scale_state import (
+from jax_amp_scale.mechanisms.handlers import Backend
+from jax_amp_scale.operators import unscale_and_check as gradient_pass
+from jax_amp_scale.operators.update_scale import (
     DEFAULT_BACKOFF_FACTOR,
     DEFAULT_GROWTH_FACTOR,
     DEFAULT_GROWTH_INTERVAL,
     DEFAULT_INIT_SCALE,
     DEFAULT_RULE,
-    ScaleState,
-    checked_once,
-    init_scale_state,
-)
-from jax_amp_scale.state.validation import (
     INT32_MAX,
+    ScaleState,
     check_bool,
     check_dtype,
     check_factor,
+    checked_once,
+    found_to_bool,
+    init_scale_state,
+    or_across,
+    update_scale,
 )
-from jax_amp_scale.training import _export, helpers
+from jax_amp_scale.training import scaling, serialization
 
 PyTree = Any
 _Fixed = TypeVar("_Fixed", bound="_Common")  # typing.Self is 3.11+
@@ -96,17 +97,18 @@ class _Common:
 
     def scale_loss(self, loss: PyTree) -> PyTree:
         """``loss * scale`` (see `jax_amp_scale.scale_loss`)."""
-        return helpers.scale_loss(loss, self)
+        return scaling.scale_loss(loss, self)
 
     def unscale(self, grads: PyTree) -> PyTree:
         """Every floating leaf times ``float32(1 / scale)``."""
-        return helpers.unscale(grads, self)
+        return scaling.unscale(grads, self)
 
     def unscale_and_check(
         self, grads: PyTree, *, backend: Backend = "auto"
     ) -> tuple[PyTree, jax.Array]:
         """``(unscaled, found_inf)`` (see `jax_amp_scale.unscale_and_check`)."""
-        return helpers.unscale_and_check(grads, self, backend=backend)
+        scale = None if self.is_identity else self.state.scale.reshape(())
+        return gradient_pass.unscale_and_check(grads, scale, backend)
 
     def update(
         self: _Fixed,
@@ -225,7 +227,7 @@ _META = {
 for _cls, _meta in _META.items():
     _data = [f.name for f in dataclasses.fields(_cls) if f.name not in _meta]
     jax.tree_util.register_dataclass(_cls, data_fields=_data, meta_fields=_meta)
-    _export.register_dataclass(_cls, _meta)
+    serialization.register_dataclass(_cls, _meta)
 
 
 def _fixed_state(value: float, dtype: Any, shape: tuple[int, ...]) -> ScaleState:

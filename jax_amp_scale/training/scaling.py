@@ -10,20 +10,26 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_amp_scale.ops.dispatch import Backend, check_backend
-from jax_amp_scale.ops.operators import or_across, unscale_and_check_leaves
-from jax_amp_scale.reference.gradient_pass import leaf_finite, unscale_leaf
-from jax_amp_scale.reference.inverse import inverse_scale
-from jax_amp_scale.state.scale_state import ScaleState
-from jax_amp_scale.state.tree import compute_dtype, instances, is_float_leaf
+from jax_amp_scale.mechanisms.floats import compute_dtype, inverse_scale, is_float_leaf, widened
+from jax_amp_scale.mechanisms.handlers import Backend
+from jax_amp_scale.operators import unscale_and_check as gradient_pass
+from jax_amp_scale.operators.unscale_and_check import leaf_finite, unscale_leaf
+from jax_amp_scale.operators.update_scale import ScaleState, or_across
 
 PyTree = Any
+T = TypeVar("T")
+
+
+def instances(tree: Any, cls: type[T]) -> list[T]:
+    """Every node of type `cls` in `tree`, outermost first, by a plain pytree walk."""
+    nodes = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, cls))
+    return [x for x in nodes if isinstance(x, cls)]
 
 
 def find_scale_state(tree: PyTree) -> ScaleState:
@@ -112,7 +118,7 @@ def _inverse(state: Any) -> jax.Array | None:
     if _is_identity(state):
         return None
     # torch's GradScaler inv_scale bit for bit, subnormal above 2**126
-    # (reference/inverse.py; unscale_leaf and the native pass multiply exactly).
+    # (floats.inverse_scale; unscale_leaf and the native pass multiply exactly).
     return inverse_scale(scale_value(state))
 
 
@@ -151,7 +157,7 @@ def global_norm(tree: PyTree) -> jax.Array:
 def clip_to_norm(tree: PyTree, norm: jax.Array, max_norm: float) -> PyTree:
     """Floating leaves times ``min(1, max_norm / (norm + 1e-6))`` (torch's formula)."""
     coef = jnp.minimum(jnp.float32(max_norm) / (norm + jnp.float32(1e-6)), jnp.float32(1.0))
-    return map_floats(lambda x: (x.astype(compute_dtype(x.dtype)) * coef).astype(x.dtype), tree)
+    return map_floats(lambda x: widened(lambda w: w * coef, x), tree)
 
 
 def clip_by_global_norm(tree: PyTree, max_norm: float) -> tuple[PyTree, jax.Array]:
@@ -165,15 +171,6 @@ def clip_by_global_norm(tree: PyTree, max_norm: float) -> tuple[PyTree, jax.Arra
     max_norm = check_max_norm(max_norm)
     norm = global_norm(tree)
     return clip_to_norm(tree, norm, max_norm), norm
-
-
-def all_finite(tree: PyTree) -> jax.Array:
-    """True (bool scalar) when every floating leaf holds only finite values
-    (non-floating leaves are ignored; an empty tree is finite)."""
-    flags = [leaf_finite(x) for x in jax.tree_util.tree_leaves(tree) if is_float_leaf(x)]
-    if not flags:
-        return jnp.array(True)
-    return jnp.all(jnp.stack(flags))
 
 
 def unscale_and_check(
@@ -201,18 +198,8 @@ def unscale_and_check(
     The native pass reads and writes each gradient byte once (docs/backends.md);
     under ``vmap`` it runs the reference, and it is differentiable.
     """
-    checked = check_backend(backend)
-    inv = _inverse(state)
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    floating = [i for i, x in enumerate(leaves) if is_float_leaf(x)]
-    if not floating:
-        return tree, jnp.array(False)
-    if inv is None:  # identity scale: nothing to multiply, only the check
-        return tree, jnp.logical_not(all_finite(tree))
-    found, outs = unscale_and_check_leaves(inv, [leaves[i] for i in floating], checked)
-    for i, u in zip(floating, outs, strict=True):
-        leaves[i] = u
-    return jax.tree_util.tree_unflatten(treedef, leaves), found
+    scale = None if _is_identity(state) else scale_value(state)
+    return gradient_pass.unscale_and_check(tree, scale, backend)
 
 
 def nonfinite_leaves(tree: PyTree) -> PyTree:

@@ -9,10 +9,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_amp_scale.state.tree import instances
-from jax_amp_scale.state.validation import check_bool
-from jax_amp_scale.training import helpers, replicas
-from jax_amp_scale.training.policy import Policy
+from jax_amp_scale.operators.update_scale import check_bool
+from jax_amp_scale.policy import Policy
+from jax_amp_scale.training import replicas, scaling
+from jax_amp_scale.training.scaling import instances
 
 PyTree = Any
 
@@ -68,7 +68,7 @@ class Trainer:
         try:  # optax is an optional extra
             import optax  # noqa: F401
 
-            from jax_amp_scale.training import optax as ls
+            from jax_amp_scale.training import loss_scaled as ls
             from jax_amp_scale.training import pieces
         except ModuleNotFoundError as e:
             raise ModuleNotFoundError(
@@ -108,7 +108,7 @@ class Trainer:
         """One training step (one micro-batch with ``accumulate``); see the class."""
         import optax
 
-        from jax_amp_scale.training import optax as ls
+        from jax_amp_scale.training import loss_scaled as ls
         from jax_amp_scale.training import pieces
 
         if not callable(loss_fn):
@@ -123,15 +123,15 @@ class Trainer:
             loss, aux = out if has_aux else (out, None)
             if policy is not None:
                 loss = policy.cast_to_output(loss)
-            helpers.check_scalar_loss(loss, "loss_fn", has_aux)
-            return helpers.scale_loss(loss, state), (loss, aux)
+            scaling.check_scalar_loss(loss, "loss_fn", has_aux)
+            return scaling.scale_loss(loss, state), (loss, aux)
 
         grads, (loss, aux) = jax.grad(scaled, has_aux=True)(params)
         if self.axis_name is not None:
             grads = replicas.mean_gradients(grads, self.axis_name, loss=loss)
             loss = jax.lax.pmean(loss, self.axis_name)
         updates, new_state = self.tx.update(grads, state, params)
-        metrics = {"loss": loss.astype(jnp.float32), "scale": helpers.scale_value(state)}
+        metrics = {"loss": loss.astype(jnp.float32), "scale": scaling.scale_value(state)}
         metrics.update(_outcome(state, new_state))
         held = metrics["reason"] != int(ls.SkipReason.APPLIED)
         new_params = optax.apply_updates(params, updates)
@@ -147,7 +147,7 @@ class Trainer:
 
 def _outcome(state: Any, new_state: Any) -> dict[str, jax.Array]:
     """The step's metrics read from the two optimizer states' counters."""
-    from jax_amp_scale.training import optax as ls
+    from jax_amp_scale.training import loss_scaled as ls
 
     old, new = ls.get_loss_scaled_state(state), ls.get_loss_scaled_state(new_state)
     stepped = new.total_steps > old.total_steps

@@ -21,12 +21,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jax_amp_scale.ops.dispatch import Backend, check_backend
-from jax_amp_scale.ops.operators import or_across, report
-from jax_amp_scale.state.scale_state import ScaleState
-from jax_amp_scale.state.tree import instances, is_float_leaf, select
-from jax_amp_scale.state.validation import check_bool
-from jax_amp_scale.training import _export, helpers, replicas, reports, scalers
+from jax_amp_scale.mechanisms.floats import is_float_leaf
+from jax_amp_scale.mechanisms.handlers import Backend, check_backend
+from jax_amp_scale.operators.host_report import host_report
+from jax_amp_scale.operators.unscale_and_check import all_finite
+from jax_amp_scale.operators.update_scale import ScaleState, check_bool, or_across
+from jax_amp_scale.training import replicas, reports, scalers, serialization
+from jax_amp_scale.training.scaling import instances
 
 
 class SkipReason(enum.IntEnum):
@@ -45,7 +46,7 @@ class SkipReason(enum.IntEnum):
     ACCUMULATING = 3
 
 
-@_export.register_namedtuple
+@serialization.register_namedtuple
 class LossScaledState(NamedTuple):
     """State of `loss_scaled`; its structure never depends on the options.
 
@@ -99,6 +100,23 @@ def get_loss_scaled_state(opt_state: Any) -> LossScaledState:
     if len(found) != 1:
         raise ValueError(f"expected exactly one LossScaledState in opt_state, found {len(found)}")
     return found[0]
+
+
+def typed_as(value: Any, like: Any) -> jax.Array:
+    """`value` (an array or a Python number) in `like`'s dtype and shape."""
+    out = jnp.asarray(value)
+    if out.dtype != like.dtype:
+        out = out.astype(like.dtype)
+    if out.shape != like.shape:
+        out = jnp.broadcast_to(out, like.shape)
+    return out
+
+
+def select(flag: Any, on_true: Any, on_false: Any) -> jax.Array:
+    """``where(flag, on_true, on_false)`` for a scalar bool, typed as `on_false`,
+    as one ``lax.select`` (``jnp.where`` stages a nested jit for every leaf)."""
+    on_false = jnp.asarray(on_false)  # optax allows Python scalars in a state
+    return jax.lax.select(jnp.asarray(flag), typed_as(on_true, on_false), on_false)
 
 
 def strongly_typed(tree: Any) -> Any:
@@ -381,7 +399,7 @@ class _Step:
         if not skip:
             return None
         new = new_updates if params is None else optax.apply_updates(params, new_updates)
-        return jnp.logical_not(helpers.all_finite(new))
+        return jnp.logical_not(all_finite(new))
 
     def skip(
         self, found: Any, bad: jax.Array | None, scale: Any, overflows: Any, total: Any
@@ -398,7 +416,7 @@ class _Step:
                 # JAX raises its error as JaxRuntimeError on every dispatch path
                 # (a native call's by path), at the cost of the Python path here.
                 route = "reference" if self.on_overflow.limit is not None else self.pass_backend
-                seen = report(self.on_overflow, found, scale, overflows, backend=route)
+                seen = host_report(self.on_overflow, found, scale, overflows, backend=route)
                 skip = skip & seen  # seen is found: True in this branch
             return skip
 
@@ -407,7 +425,7 @@ class _Step:
                 return jnp.bool_(False)
             if self.on_nonfinite is None:
                 return bad
-            return report(self.on_nonfinite, bad, total, backend=self.pass_backend)
+            return host_report(self.on_nonfinite, bad, total, backend=self.pass_backend)
 
         return jax.lax.cond(found, overflow, finite)
 

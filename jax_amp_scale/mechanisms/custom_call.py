@@ -9,19 +9,36 @@
   pure-JAX reference with the same signature.
 - `vary_like`: results typed as varying wherever an input varies
   (`jax.ffi.ffi_call` types results from shapes and dtypes only).
+- what the operators' ``custom_partitioning`` rules share (XLA cannot see
+  inside a custom call, so on its own it gathers every sharded operand
+  around one): `unwrapped` (one device, or inside `whole_arrays` for
+  ``jax.export``: plain calls), `typed_like`, `operand_sharding`,
+  `replicated_like`, `spec_axes`, `local_shapes`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import contextlib
+import contextvars
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jax_amp_scale.platforms import handlers
-from jax_amp_scale.state.tree import varying_axes
+from jax_amp_scale.mechanisms import handlers
+
+
+def varying_axes(x: Any) -> frozenset[Hashable]:
+    """The manual axes `x` varies over inside ``shard_map`` (empty where JAX
+    does not track them: outside shard_map, check_vma=False, pmap, vmap)."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "mat", None)  # jax >= 0.10
+    return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())
+
 
 _HINTS = {
     handlers.UPDATE_SCALE: "register one with jax_amp_scale.plugin.register(platform=...)",
@@ -185,3 +202,98 @@ def with_reference_rules(native: Callable[..., Any], reference: Callable[..., An
         return call(*primals), tangent_out
 
     return call
+
+
+# ---- partitioning: what the operators' rules share ----
+
+# jax < 0.7 (explicit axes experimental) lowers the flag's all-reduce inside
+# the partitioned call with sharding constraints XLA cannot translate when a
+# mesh with explicit axes is set while compiling.
+EXPLICIT_OK = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 7)
+
+
+# Inside `whole_arrays()` the native calls are traced unwrapped.
+_WHOLE = contextvars.ContextVar("jax_amp_scale_whole_arrays", default=False)
+
+
+@contextlib.contextmanager
+def whole_arrays() -> Iterator[None]:
+    """Trace the native calls without custom_partitioning, as one call on the
+    whole arrays: XLA then gathers sharded operands around them (the bits
+    stay the same).  `jax.export` needs this with several devices, because
+    custom_partitioning's partitioner is a Python callback, which does not
+    serialise."""
+    token = _WHOLE.set(True)
+    try:
+        yield
+    finally:
+        _WHOLE.reset(token)
+
+
+def unwrapped() -> bool:
+    return jax.device_count() == 1 or _WHOLE.get()
+
+
+def partitions(operands: Sequence[Any]) -> bool:
+    """Whether the native calls partition these operands on this jax (all
+    do, except explicitly sharded ones on jax < 0.7)."""
+    return EXPLICIT_OK or not any(explicit_spec(x) is not None for x in operands)
+
+
+def explicit_spec(x: Any) -> Any:
+    """`x`'s explicit-axes PartitionSpec, or None (auto axes, or none sharded)."""
+    spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
+    return spec if spec is not None and any(p is not None for p in spec) else None
+
+
+def typed_like(y: jax.Array, x: jax.Array) -> jax.Array:
+    """`y` typed with `x`'s explicit sharding: an elementwise result keeps its
+    operand's (`jax.ffi.ffi_call` types results as replicated)."""
+    spec = explicit_spec(x)
+    if spec is None or explicit_spec(y) == spec:
+        return y
+    # The operand's own sharding (its mesh included): a bare PartitionSpec
+    # would need a mesh context the caller may not have set.
+    sharding = jax.typeof(x).sharding
+    if hasattr(jax.sharding, "reshard"):
+        return jax.sharding.reshard(y, sharding)
+    from jax.experimental.shard import reshard  # jax < 0.7
+
+    return reshard(y, sharding)
+
+
+def local_shapes() -> Any:
+    """A context for tracing the per-shard body: no mesh.  It works on
+    local shapes, and the user's mesh (still set while XLA compiles) would
+    type its values with shardings whose constraints then have no meaning
+    inside the partitioned call (jax 0.8 fails to compile them)."""
+    if hasattr(jax.sharding, "use_abstract_mesh") and hasattr(jax.sharding, "AbstractMesh"):
+        try:
+            return jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ()))
+        except TypeError:  # an older AbstractMesh signature
+            pass
+    return contextlib.nullcontext()
+
+
+def operand_sharding(mesh: Any, arg_shape: Any) -> Any:
+    """The sharding XLA gives an operand (None on older jax for an
+    unannotated one: replicated)."""
+    s = arg_shape.sharding
+    if s is None:
+        return NamedSharding(mesh, PartitionSpec())
+    return s
+
+
+def replicated_like(sharding: Any) -> NamedSharding:
+    """A replicated sharding over `sharding`'s devices."""
+    devices = sorted(sharding.device_set, key=lambda d: d.id)
+    return NamedSharding(Mesh(np.array(devices), ("replicas",)), PartitionSpec())
+
+
+def spec_axes(sharding: Any) -> list[Hashable]:
+    axes: list[Hashable] = []
+    for entry in sharding.spec:
+        if entry is None:
+            continue
+        axes += list(entry) if isinstance(entry, tuple) else [entry]
+    return axes

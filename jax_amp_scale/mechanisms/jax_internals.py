@@ -21,17 +21,29 @@ JAX has loaded no such plugin (pass the plugin's library path instead), and
 `python_side_forwards` returns False, so registration goes through the PJRT
 C API route, which works for every plugin with the FFI extension.
 
-3. **A GSPMD sharding group** (``shard_as``), for lowering/sharding_groups.py
-   on the jax releases that removed ``jax.experimental.shard_alike`` (0.11
-   on): only JAX's internal sharding-op builder makes one.
-   `gspmd_shard_group` returns the values ungrouped without it.
+3. **Sharding groups** (`shard_alike`): each gradient and the native
+   pass's result for it in one group, so that the partitioner carries
+   shardings through the custom call.  ``jax.experimental.shard_alike``
+   builds them where it exists; jax 0.11 removed it with no public
+   successor.  There, under Shardy (the default partitioner since jax 0.7),
+   a group is one ``sdy.sharding_group`` op per array, a public API; under
+   GSPMD it is a ``shard_as`` annotation, which only JAX's internal
+   sharding-op builder makes (`gspmd_shard_group`; without it, no group:
+   the same bits, and XLA may place the collectives otherwise).
 
-Nothing here runs at import; nothing is written.
+Nothing here runs at import but the definition of the grouping primitive.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from typing import Any
+
+import jax
+from jax.extend.core import Primitive
+from jax.extend.mlir.dialects import sdy
+from jax.interpreters import ad, batching, mlir
 
 
 def loaded_plugin_c_apis(discover: bool = True) -> dict[str, Any]:
@@ -85,3 +97,57 @@ def gspmd_shard_group(ctx: Any, values: list[Any], group: int) -> list[Any]:
         wrap_with_sharding_op(ctx, v, aval, s, has_side_effect=True)
         for v, aval in zip(values, ctx.avals_out, strict=True)
     ]
+
+
+# ---- sharding groups ----
+
+# Group ids only need to differ between the groups of one program.
+_ids = itertools.count()
+
+_group_p = Primitive("jas_sharding_group")
+_group_p.multiple_results = True
+_group_p.def_impl(lambda x, y: (x, y))
+_group_p.def_abstract_eval(lambda x, y: (x, y))
+
+
+def _lowering(ctx: Any, x: Any, y: Any) -> list[Any]:
+    group = next(_ids)
+    # The flag's documented reader; jax's stubs do not declare it.
+    if not jax.config.jax_use_shardy_partitioner:  # type: ignore[attr-defined]
+        return gspmd_shard_group(ctx, [x, y], group)
+    sdy.sharding_group(x, group)
+    sdy.sharding_group(y, group)
+    return [x, y]
+
+
+def _batched(args: Sequence[Any], dims: Sequence[Any]) -> tuple[Any, Any]:
+    if dims[0] != dims[1]:  # a partitioning hint only: dropped, not aligned
+        return list(args), list(dims)
+    return _group_p.bind(*args), list(dims)
+
+
+def _jvp(primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[Any, Any]:
+    return _group_p.bind(*primals), list(tangents)
+
+
+mlir.register_lowering(_group_p, _lowering)
+batching.primitive_batchers[_group_p] = _batched
+ad.primitive_jvps[_group_p] = _jvp
+
+
+def sharding_groups(xs: Sequence[jax.Array], ys: Sequence[jax.Array]) -> tuple[Any, Any]:
+    """Our own groups (what shard_alike builds where jax has none)."""
+    pairs = [_group_p.bind(x, y) for x, y in zip(xs, ys, strict=True)]
+    return [x for x, _ in pairs], [y for _, y in pairs]
+
+
+try:  # jax < 0.11
+    from jax.experimental.shard_alike import shard_alike as _jax_shard_alike
+except ImportError:  # jax >= 0.11: the same groups, built here (Shardy and GSPMD)
+    _jax_shard_alike = sharding_groups
+
+
+def shard_alike(xs: Sequence[jax.Array], ys: Sequence[jax.Array]) -> tuple[list[Any], list[Any]]:
+    """`xs` and `ys` unchanged, each ``xs[i]`` in one sharding group with ``ys[i]``."""
+    x_out, y_out = _jax_shard_alike(list(xs), list(ys))
+    return list(x_out), list(y_out)

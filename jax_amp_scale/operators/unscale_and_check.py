@@ -1,0 +1,369 @@
+"""The gradient pass: unscale the gradients and check them for inf/NaN in one pass.
+
+Everything of the operator lives here, in this order:
+
+- its pure-JAX reference (`reference_pass`): each leaf times torch's
+  inverse scale (`floats.multiply_by_inverse`, exact at every scale),
+  checked after unscaling;
+- its native call (``jas_unscale_and_check_v1``: ffi/unscale_and_check.cc,
+  the pass in ffi/unscale_and_check.h; on Ascend CANN's
+  ``aclnnForeachNonFiniteCheckAndUnscale``, ffi/ascend.cc), partitioned per
+  shard with the flag OR-reduced by one scalar all-reduce;
+- the choice between them and the operator over a pytree
+  (`unscale_and_check`, `all_finite`).
+
+The native pass reads the float32 inverse scale and up to
+`LEAVES_PER_CALL` floating leaves, and writes the unscaled leaves in place
+and one found-inf flag: each gradient byte read once and written once.
+XLA:CPU cannot build that pass (it never fuses a reduction with an
+elementwise output).  vmap and jvp take the reference's rules; the results
+equal the reference's bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jax_amp_scale.mechanisms import custom_call as cc
+from jax_amp_scale.mechanisms import floats, handlers, jax_internals
+
+PyTree = Any
+Pass = Callable[[jax.Array, list[jax.Array]], tuple[jax.Array, list[jax.Array]]]
+
+
+# ---- the reference: every platform ------------------------------------------
+
+
+def unscale_leaf(x: Any, inv: jax.Array | None) -> Any:
+    """`x * inv` in `compute_dtype`, rounded once to `x`'s dtype; non-floats pass.
+
+    `inv` is a float32 inverse scale (`floats.inverse_scale`), subnormal ones
+    included: the product is exact at every scale (`multiply_by_inverse`).
+    """
+    if inv is None or not floats.is_float_leaf(x):
+        return x
+    return floats.widened(lambda w: floats.multiply_by_inverse(w, inv), x)
+
+
+def leaf_finite(x: Any) -> jax.Array:
+    """True (bool scalar) when every value of `x` is finite."""
+    # min over a uint8 mask, not all() over a bool one: same answer, but
+    # XLA:CPU reduces uint8 with its vectorized (YNNPACK) reduction while it
+    # rewrites a pred reduction into slower reduce-window passes (measured:
+    # about 1.6x less time for unscale_and_check on CPU).
+    if x.size == 0:
+        return jnp.array(True)
+    return jnp.min(jnp.isfinite(x).astype(jnp.uint8)) == 1
+
+
+def reference_pass(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
+    """``(found_inf, unscaled_leaves)`` for floating `leaves` and float32 `inv`."""
+    # Each leaf's check is a reduction over the very expression that produces
+    # its unscaled value: the shape a multi-output fusion (XLA:GPU) turns into
+    # one pass.  XLA:CPU never fuses a reduction with its producer: there each
+    # leaf costs one kernel writing the unscaled leaf and one writing a 1-byte
+    # finiteness mask (then a vectorized reduction); tests/test_scaling.py
+    # pins that structure.
+    outs = [unscale_leaf(x, inv) for x in leaves]
+    finite = jnp.all(jnp.stack([leaf_finite(u) for u in outs]))
+    return jnp.logical_not(finite), outs
+
+
+# ---- the native call -----------------------------------------------------------
+
+# Leaves per custom call.  XLA's compile time grows with the cube of the
+# number of input/output aliases on one instruction (one call over 2,000
+# aliased leaves: 30 s; 4,000: 209 s), so a large tree is split into calls of
+# at most this many leaves: 10,000 leaves then compile in about the time of a
+# plain copy of the same tree.  Measured on XLA:CPU (jax 0.10); 64 was the
+# fastest of 32, 64, 128 and 256 at 4,000 leaves.
+LEAVES_PER_CALL = 64
+
+
+def _one_call(
+    target: str, inv: jax.Array, leaves: list[jax.Array]
+) -> tuple[jax.Array, list[jax.Array]]:
+    results = [jax.ShapeDtypeStruct((), jnp.bool_)]
+    results += [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
+    # In place, as torch's fused op: each unscaled leaf takes its gradient's
+    # buffer.  Inside a step the gradients are dead after this call, so XLA
+    # reuses them (no second gradient-sized buffer); a gradient still live
+    # elsewhere (a non-donated jit argument, say) gets copied first.
+    aliases = {k + 1: k + 1 for k in range(len(leaves))}
+    call = jax.ffi.ffi_call(target, tuple(results), input_output_aliases=aliases)
+    found, *outs = call(inv, *leaves)
+    return found, outs
+
+
+def _calls(target: str) -> Pass:
+    def run(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
+        found: jax.Array | None = None
+        outs: list[jax.Array] = []
+        for start in range(0, len(leaves), LEAVES_PER_CALL):
+            group_found, group_outs = _one_call(
+                target, inv, leaves[start : start + LEAVES_PER_CALL]
+            )
+            found = group_found if found is None else jnp.logical_or(found, group_found)
+            outs += group_outs
+        assert found is not None  # leaves is nonempty
+        return cc.vary_like((found, outs), inv, leaves)  # type: ignore[no-any-return]
+
+    return run
+
+
+# aclnnForeachNonFiniteCheckAndUnscale takes the scale dtypes (hicann/ops-nn
+# foreach/foreach_non_finite_check_and_unscale/op_host/
+# foreach_non_finite_check_and_unscale_def.cpp).
+_CANN_DTYPES = floats.SCALE_DTYPES
+
+
+def cann_one_call(
+    target: str, inv: jax.Array, leaves: list[jax.Array]
+) -> tuple[jax.Array, list[jax.Array]]:
+    """One call of the CANN fused pass on leaves of one dtype, in place.
+
+    `inv` goes to the operator's float32 ``invScale`` as is: torch_npu's
+    ``float32(1 / float64(scale))`` bit for bit (`floats.inverse_scale`),
+    a float32 subnormal above 2**126.  What is exact: the operator receives
+    the operand torch_npu's GradScaler passes it, so the NPU computes what it
+    computes for torch_npu.  Whether the device's float32 multiply honours a
+    subnormal operand is the kernel's arithmetic, not visible in its source.
+    The CANN test double multiplies in IEEE's default mode.
+
+    found starts as a float32 zero the result aliases: the kernel only ever
+    sets it to 1.0, and the handler's launches (256 leaves each) OR into it.
+    """
+    results = [jax.ShapeDtypeStruct((1,), jnp.float32)]
+    results += [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
+    aliases = {1: 0, **{k + 2: k + 1 for k in range(len(leaves))}}
+    call = jax.ffi.ffi_call(target, tuple(results), input_output_aliases=aliases)
+    found, *outs = call(inv.reshape((1,)), jnp.zeros((1,), jnp.float32), *leaves)
+    return floats.nonzero_bits(found)[0], outs
+
+
+def cann_fused_pass(target: str, reference: Pass) -> Pass:
+    """The fused pass as the CANN operator takes it: one dtype per call,
+    float64 and empty leaves through `reference` (the operator takes neither)."""
+
+    def run(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
+        outs: list[jax.Array | None] = [None] * len(leaves)
+        flags: list[jax.Array] = []
+        outside = [
+            k for k, x in enumerate(leaves) if x.size == 0 or jnp.dtype(x.dtype) not in _CANN_DTYPES
+        ]
+        if outside:
+            found, done = reference(inv, [leaves[k] for k in outside])
+            flags.append(found)
+            for k, y in zip(outside, done, strict=True):
+                outs[k] = y
+        for dtype in _CANN_DTYPES:
+            idx = [k for k, x in enumerate(leaves) if outs[k] is None and x.dtype == dtype]
+            for start in range(0, len(idx), LEAVES_PER_CALL):
+                part = idx[start : start + LEAVES_PER_CALL]
+                found, done = cann_one_call(target, inv, [leaves[k] for k in part])
+                flags.append(found)
+                for k, y in zip(part, done, strict=True):
+                    outs[k] = y
+        # The kernel checks the scaled *input* (n_d.h:187-209); the library's
+        # flag is about the unscaled value.  They differ only when a finite
+        # input overflows once unscaled, which needs |inv| > 1 (a scale
+        # below 1) or a NaN inv: only then, rarely, the outputs are checked.
+        may_overflow = floats.magnitude_above_one(inv)
+        natives = [y for k, y in enumerate(outs) if k not in outside]
+        if natives:
+            flags.append(
+                jax.lax.cond(
+                    may_overflow.reshape(()),
+                    lambda ys: jnp.logical_not(jnp.all(jnp.stack([leaf_finite(y) for y in ys]))),
+                    lambda ys: jnp.array(False),
+                    natives,
+                )
+            )
+        found = flags[0]
+        for f in flags[1:]:
+            found = jnp.logical_or(found, f)
+        return cc.vary_like((found, outs), inv, leaves)  # type: ignore[no-any-return]
+
+    return run
+
+
+def _rule(ranks: Sequence[int]) -> str:
+    """The Shardy rule: a replicated scalar, then every leaf elementwise."""
+    values = [""] + [" ".join(f"l{k}d{d}" for d in range(r)) for k, r in enumerate(ranks)]
+    operands = ", ".join(values)
+    return f"{operands} -> {operands}"
+
+
+def _partitioned(run: Pass, ranks: tuple[int, ...]) -> Any:
+    @custom_partitioning
+    def call(inv: jax.Array, *leaves: jax.Array) -> tuple[jax.Array, ...]:
+        found, outs = run(inv, list(leaves))
+        return (found, *(cc.typed_like(y, x) for y, x in zip(outs, leaves, strict=True)))
+
+    def shardings(mesh: Any, arg_shapes: Any) -> tuple[Any, list[Any], list[Hashable]]:
+        leaf_shardings = [cc.operand_sharding(mesh, a) for a in arg_shapes[1:]]
+        if not all(isinstance(s, NamedSharding) for s in leaf_shardings):
+            # Shardings without mesh axis names (a program without a mesh):
+            # no axis to reduce the flag over, so every operand replicated
+            # (correct, but gathers).  An exception here would abort the
+            # process (XLA calls this while compiling), so none is raised.
+            rep = cc.replicated_like(leaf_shardings[0])
+            return rep, [rep] * len(leaf_shardings), []
+        rep = NamedSharding(mesh, PartitionSpec())
+        axes = sorted({a for s in leaf_shardings for a in cc.spec_axes(s)}, key=str)
+        return rep, leaf_shardings, axes
+
+    def partition(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
+        rep, leaf_shardings, axes = shardings(mesh, arg_shapes)
+
+        def local(inv: jax.Array, *leaves: jax.Array) -> tuple[jax.Array, ...]:
+            with cc.local_shapes():
+                found, outs = run(inv, list(leaves))
+                if axes:  # one scalar all-reduce: the OR over every shard
+                    found = jax.lax.pmax(found.astype(jnp.int32), tuple(axes)) > 0
+            return (found, *outs)
+
+        shards = (rep, *leaf_shardings)
+        return mesh, local, shards, shards
+
+    def infer(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
+        rep, leaf_shardings, _ = shardings(mesh, arg_shapes)
+        return (rep, *leaf_shardings)
+
+    call.def_partition(
+        partition=partition,
+        infer_sharding_from_operands=infer,
+        sharding_rule=_rule(ranks),
+    )
+    return call
+
+
+def elementwise_pass(run: Pass) -> Pass:
+    """`run` (``(inv, leaves) -> (found, unscaled)``) partitioned per shard.
+
+    `run` must be elementwise in the leaves and its flag an OR over their
+    elements: then the OR of the per-shard flags is the global flag, bit for
+    bit, whatever the sharding.
+    """
+
+    def partitioned(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
+        if cc.unwrapped():
+            found, outs = run(inv, leaves)
+            return found, [cc.typed_like(y, x) for y, x in zip(outs, leaves, strict=True)]
+        found, *outs = _partitioned(run, tuple(x.ndim for x in leaves))(inv, *leaves)
+        return found, _sharded_alike(leaves, list(outs))
+
+    return partitioned
+
+
+def _sharded_alike(leaves: list[jax.Array], outs: list[jax.Array]) -> list[jax.Array]:
+    """`outs`, each in one sharding group with its operand in `leaves`, so
+    the partitioner carries shardings through the call as through the plain
+    step's elementwise unscale (ARCHITECTURE.md; tests/multidevice/
+    test_step_collectives.py).  On jax >= 0.11, which removed `shard_alike`,
+    `jax_internals.shard_alike` builds the same groups.
+    """
+    _, outs = jax_internals.shard_alike(leaves, outs)
+    return list(outs)
+
+
+def unscale_and_check_native(
+    inv: jax.Array,
+    leaves: list[jax.Array],
+    *,
+    target: str,
+    native_on: Iterable[str],
+    reference: Pass,
+    strict: bool,
+    cann_platforms: Iterable[str] = (),
+) -> tuple[jax.Array, list[jax.Array]]:
+    """``(found_inf, unscaled_leaves)`` through the native pass on `native_on`.
+
+    Args:
+      inv: float32 scalar, ``1 / scale``.
+      leaves: floating arrays (float16, bfloat16, float32, float64), nonempty.
+      target: the FFI target name.
+      native_on: lowering platforms that run the native pass.
+      reference: the pure pass with the same signature and results; it gives
+        the vmap and jvp rules, and runs on the other platforms.
+      strict: on the other platforms fail at lowering (``backend="ffi"``)
+        rather than run `reference` (``"auto"``).
+      cann_platforms: platforms of `native_on` whose handler is CANN's
+        ``aclnnForeachNonFiniteCheckAndUnscale`` (its calling convention).
+    """
+
+    def other(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
+        out = reference(inv, leaves)  # typed like the native branch
+        return cc.unavailable(handlers.UNSCALE_AND_CHECK, out) if strict else out
+
+    # Each device runs the pass on its shards; the flag is OR-reduced (`elementwise_pass`).
+    native = cc.with_reference_rules(elementwise_pass(_calls(target)), reference)
+    cann = cc.with_reference_rules(elementwise_pass(cann_fused_pass(target, reference)), reference)
+    overrides = {p: cann for p in native_on if p in frozenset(cann_platforms)}
+    return cc.per_platform(  # type: ignore[no-any-return]
+        native, other, inv, leaves, native_on=native_on, overrides=overrides
+    )
+
+
+# ---- the choice, and the operator -------------------------------------------
+
+
+def unscale_and_check_leaves(
+    inv: jax.Array, leaves: list[jax.Array], backend: str
+) -> tuple[jax.Array, list[jax.Array]]:
+    """``(found_inf, unscaled)`` for nonempty floating `leaves`; `backend` checked."""
+    partitions = cc.partitions(leaves)
+    if backend == "ffi" and not partitions:
+        raise ValueError(
+            "unscale_and_check: backend='ffi' cannot take explicitly sharded leaves "
+            "on jax < 0.7 (its collective does not lower there); use backend='auto' "
+            "or 'reference', jax >= 0.7, or call it inside shard_map"
+        )
+    plan = handlers.plan(handlers.UNSCALE_AND_CHECK, backend, partitions=partitions)
+    if plan.mode == "reference":
+        return reference_pass(inv, leaves)
+    return unscale_and_check_native(
+        inv,
+        leaves,
+        target=plan.target,
+        native_on=plan.platforms,
+        reference=reference_pass,
+        strict=plan.mode == "strict",
+        cann_platforms=plan.cann_platforms,
+    )
+
+
+def all_finite(tree: PyTree) -> jax.Array:
+    """True (bool scalar) when every floating leaf holds only finite values
+    (non-floating leaves are ignored; an empty tree is finite)."""
+    flags = [leaf_finite(x) for x in jax.tree_util.tree_leaves(tree) if floats.is_float_leaf(x)]
+    if not flags:
+        return jnp.array(True)
+    return jnp.all(jnp.stack(flags))
+
+
+def unscale_and_check(
+    tree: PyTree, scale: jax.Array | None, backend: str = "auto"
+) -> tuple[PyTree, jax.Array]:
+    """``(unscaled, found_inf)``: every floating leaf of `tree` times torch's
+    ``float32(1 / scale)`` (`scale`: a float array of shape (); None for an
+    identity scale, which only checks), and whether any unscaled value is
+    inf or NaN.  Non-floating leaves pass; `backend` is checked."""
+    checked = handlers.check_backend(backend)
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    floating = [i for i, x in enumerate(leaves) if floats.is_float_leaf(x)]
+    if not floating:
+        return tree, jnp.array(False)
+    if scale is None:  # identity scale: nothing to multiply, only the check
+        return tree, jnp.logical_not(all_finite(tree))
+    inv = floats.inverse_scale(scale)
+    found, outs = unscale_and_check_leaves(inv, [leaves[i] for i in floating], checked)
+    for i, u in zip(floating, outs, strict=True):
+        leaves[i] = u
+    return jax.tree_util.tree_unflatten(treedef, leaves), found

@@ -1,4 +1,0 @@
-"""The bottom layer: `ScaleState` and the checks every public entry point runs once.
-
-Nothing here knows about backends, lowering or training.
-"""
