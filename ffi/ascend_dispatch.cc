@@ -254,9 +254,9 @@ std::string DispatchUpdateScale(const cann::CannApi& api, WorkspaceCache& cache,
                                 const UpdateScaleCall& call) {
   // aclnnAmpUpdateScale computes CANN's rule (cann_rule.h, Rule::kCann
   // without the guard, which the lowering adds after the call:
-  // jax_amp_scale/lowering/ffi_calls.py).  Under Rule::kTorch that is
+  // jax_amp_scale/operators/update_scale.py).  Under Rule::kTorch that is
   // torch's rule only when both factors are powers of two exact in float32;
-  // dispatch/backends.py plans the reference for any other torch state.
+  // operators/update_scale.py plans the reference for any other torch state.
   if (call.rule == Rule::kTorch && !(IsExactInFloat32PowerOfTwo(call.growth_factor) &&
                                      IsExactInFloat32PowerOfTwo(call.backoff_factor))) {
     return "rule 'torch' with growth_factor=" + std::to_string(call.growth_factor) +

@@ -11,8 +11,8 @@
 //
 // Built from float_formats.h (widen, narrow) and torch_rule.h (the product
 // of two 24-bit significands fits float64, so torch's rounding rounds once,
-// to float32).  The pure-JAX reference is jax_amp_scale/reference/
-// cann_rule.py (docs/rule-in-code.md).
+// to float32).  The pure-JAX reference is jax_amp_scale/mechanisms/
+// floats.py, cann_product (docs/rule-in-code.md).
 #ifndef JAX_AMP_SCALE_FFI_CANN_RULE_H_
 #define JAX_AMP_SCALE_FFI_CANN_RULE_H_
 
@@ -65,7 +65,7 @@ inline bool IsCannFactor(double f) {
 // Whether `f` is a power of two whose float32 rounding is a normal float32:
 // then CANN's kernel plus the library's guard gives torch's bits (README,
 // tests/test_rule_choice.py), so the Ascend operator can serve Rule::kTorch.
-// The reference's twin is dispatch/backends.py's exact_on_cann.
+// The reference's twin is operators/update_scale.py's exact_on_cann.
 inline bool IsExactInFloat32PowerOfTwo(double f) {
   int e = 0;
   const double m = std::frexp(f, &e);  // f = m * 2^e, m in [0.5, 1)

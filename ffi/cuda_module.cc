@@ -1,5 +1,5 @@
 // nanobind module _native_cuda (optional: built only where CMake finds a
-// working CUDA compiler).  Capsules only; jax_amp_scale/platforms/handlers.py
+// working CUDA compiler).  Capsules only; jax_amp_scale/mechanisms/handlers.py
 // registers them on "CUDA".
 #include <nanobind/nanobind.h>
 

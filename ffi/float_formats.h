@@ -141,7 +141,7 @@ JAS_HD inline float BFloat16ToFloat(uint16_t b) {
 }
 
 // What a float32 NaN becomes in bfloat16.  The update rule keeps its top
-// payload bits (as float16 does; the reference, reference/cann_rule.py, does
+// payload bits (as float16 does; the reference, mechanisms/floats.py, does
 // the same); XLA:CPU's conversion, which the gradient pass matches, gives
 // the canonical quiet NaN.  Either way the sign stays and the NaN is quiet.
 enum class BF16Nan { kKeepPayload, kCanonical };

@@ -1,5 +1,5 @@
 // nanobind module _native_cpu: capsules for the CPU handlers (the Python
-// side, jax_amp_scale/platforms/handlers.py, registers them with XLA) and the
+// side, jax_amp_scale/mechanisms/handlers.py, registers them with XLA) and the
 // XLA FFI API version they were compiled against.
 #include <nanobind/nanobind.h>
 
@@ -16,7 +16,7 @@ NB_MODULE(_native_cpu, m) {
                            {{jas::kUpdateScaleTarget, &JasUpdateScaleCpu},
                             {jas::kUnscaleAndCheckTarget, &JasUnscaleAndCheckCpu},
                             {jas::kHostReportTarget, &JasHostReportCpu}});
-  // Only this module serves the host report (ffi/host_report_cpu.cc).
+  // Only this module serves the host report (ffi/host_report.cc).
   m.attr("HOST_REPORT_TARGET") = jas::kHostReportTarget;
   m.def("ffi_api_version", []() {
     return nanobind::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);

@@ -5,7 +5,7 @@
 //
 // Integer arithmetic only, so flush-to-zero modes (XLA:CPU sets them) and
 // FMA contraction cannot change a bit.  The pure-JAX reference is
-// jax_amp_scale/reference/exact_product.py (docs/rule-in-code.md).
+// jax_amp_scale/mechanisms/floats.py (torch_product) (docs/rule-in-code.md).
 #ifndef JAX_AMP_SCALE_FFI_TORCH_RULE_H_
 #define JAX_AMP_SCALE_FFI_TORCH_RULE_H_
 

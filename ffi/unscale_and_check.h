@@ -2,7 +2,7 @@
 // inv_scale and report whether any unscaled value is inf or NaN.
 //
 // Semantics (shared bit for bit with the pure-JAX path in
-// jax_amp_scale/reference/gradient_pass.py, as XLA:CPU runs it):
+// jax_amp_scale/operators/unscale_and_check.py, as XLA:CPU runs it):
 //
 //   float16 / bfloat16 leaf: y = round_to_leaf(float32(x) * inv_scale)
 //   float32 leaf:            y = x * inv_scale
@@ -16,7 +16,7 @@
 // (m = inv_scale * 2**64 only moves the exponent) and the second is exact
 // unless the result is below the normal range, where both flush to a signed
 // zero.  For a normal inv_scale post is 1.0 and (x * m) * 1.0 == x * m, NaN
-// payloads included.  The reference (jax_amp_scale/reference/inverse.py)
+// payloads included.  The reference (jax_amp_scale/mechanisms/floats.py)
 // splits it the same way.
 //
 // NaN results keep their sign; float16 and float32/64 keep the top payload
@@ -77,7 +77,7 @@ struct InverseFactors {
   float post;
 };
 
-// The power of two a subnormal inverse is lifted by (reference/inverse.py's
+// The power of two a subnormal inverse is lifted by (mechanisms/floats.py's
 // SUBNORMAL_SHIFT).
 constexpr int kSubnormalShift = 64;
 

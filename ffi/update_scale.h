@@ -10,7 +10,7 @@
 // follows (Rule, the FFI attribute "rule"): torch's (torch_rule.h) and
 // CANN's (cann_rule.h).  Every step is integer arithmetic or exact (see
 // float_formats.h), so XLA:CPU's flush-to-zero and FMA contraction cannot
-// change a bit, and the pure-JAX reference (jax_amp_scale/reference/
+// change a bit, and the pure-JAX reference (jax_amp_scale/operators/
 // update_scale.py) gives the same bits: docs/rule-in-code.md says which
 // places change together.  No XLA or CUDA dependency, so that CPU, CUDA and
 // test code can all include it.

@@ -4,7 +4,7 @@
 // jax.debug.callback does the same, but JAX runs any program that holds a
 // host callback synchronously through its Python dispatch path, which slows
 // every step of a program that only reports on rare overflow steps
-// (bench/probe_step_overhead.py).  This call is an ordinary custom call to
+// (bench/RESULTS.md).  This call is an ordinary custom call to
 // JAX, and costs nothing on the steps where its branch does not run.
 //
 // Operands: flag (bool, any shape), then values (bool, float32 or int32,
