@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - exercised by hand without the extra
 
 import jax_amp_scale as jas
 from jax_amp_scale.policy import LEVELS, Policy, get_policy, scaler_for
-from jax_amp_scale.training.trainer import Trainer
+from jax_amp_scale.trainer import Trainer
 
 DIM, HIDDEN, CLASSES = 32, 128, 8
 N_TRAIN = 4096

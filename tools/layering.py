@@ -160,7 +160,7 @@ def findings(root: pathlib.Path) -> list[str]:
         out += _attributes(tree, rel, aliases)
         me = _module_name(root, path)
         for line, other in _imported_modules(tree, root):
-            if other == me or other == PACKAGE:
+            if other in (me, PACKAGE):
                 continue
             if me != PACKAGE:  # __init__ of the package: the public surface, may import anything
                 graph.setdefault(me, set()).add(other)

@@ -500,6 +500,32 @@ def magnitude_above_one(x: jax.Array) -> jax.Array:
     return (bits & _u32(0x7FFFFFFF)) > _u32(0x3F800000)
 
 
+def float32_bits(x: jax.Array) -> jax.Array:
+    """The bits of `x` widened to float32 (exact), as int32: a value passed
+    to the host this way keeps a subnormal that XLA:CPU would flush."""
+    return lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
+
+
+def from_float32_bits(bits: Any) -> np.ndarray:
+    """Host side of `float32_bits`: the values of int32 `bits`, as float64.
+
+    Decoded in integer arithmetic: a report runs on one of XLA's threads,
+    whose denormals-are-zero mode would read a float32 subnormal as 0 in any
+    float operation, a conversion to float64 included."""
+
+    def value(b: int) -> float:
+        sign = -1.0 if b & F32.sign_bit else 1.0
+        exp, mant = (b >> 23) & 0xFF, b & 0x7FFFFF
+        if exp == 0xFF:
+            return sign * math.inf if mant == 0 else math.nan
+        if exp == 0:
+            return sign * math.ldexp(mant, -149)
+        return sign * math.ldexp(mant | 0x800000, exp - 150)
+
+    flat = np.asarray(bits, np.int64).reshape(-1) & 0xFFFFFFFF
+    return np.array([value(int(b)) for b in flat], np.float64)
+
+
 def check_factor_in_float32(value: float, name: str) -> float:
     """`value` if `float32_factor` keeps it finite and nonzero, else a
     ValueError naming `name` (rule="cann" multiplies by float32 factors)."""

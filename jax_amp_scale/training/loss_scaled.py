@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jax_amp_scale.mechanisms.floats import is_float_leaf
+from jax_amp_scale.mechanisms.floats import float32_bits, is_float_leaf
 from jax_amp_scale.mechanisms.handlers import Backend, check_backend
 from jax_amp_scale.operators.host_report import host_report
 from jax_amp_scale.operators.unscale_and_check import all_finite
@@ -379,7 +379,10 @@ class _Step:
             self.inner.update(grads, state.inner_state, params, **extra_args)
         )
         bad = self.nonfinite_update(updates, new_updates, params)
-        skipped = self.skip(found, bad, new_scaler.scale, overflows, state.total_steps)
+        # The scale goes to the host report by its bits (XLA:CPU would flush a
+        # subnormal scale to 0 on the way).
+        scale_bits = float32_bits(new_scaler.scale)
+        skipped = self.skip(found, bad, scale_bits, overflows, state.total_steps)
         return zeros_where(skipped, new_updates), LossScaledState(
             scaler=new_scaler,
             inner_state=keep_where(skipped, state.inner_state, new_inner),
@@ -402,7 +405,7 @@ class _Step:
         return jnp.logical_not(all_finite(new))
 
     def skip(
-        self, found: Any, bad: jax.Array | None, scale: Any, overflows: Any, total: Any
+        self, found: Any, bad: jax.Array | None, scale_bits: Any, overflows: Any, total: Any
     ) -> jax.Array:
         """Whether the step is skipped: one scalar ``lax.cond`` on the overflow
         flag, whose branches run the host reports (never on a plain step); a
@@ -416,7 +419,7 @@ class _Step:
                 # JAX raises its error as JaxRuntimeError on every dispatch path
                 # (a native call's by path), at the cost of the Python path here.
                 route = "reference" if self.on_overflow.limit is not None else self.pass_backend
-                seen = host_report(self.on_overflow, found, scale, overflows, backend=route)
+                seen = host_report(self.on_overflow, found, scale_bits, overflows, backend=route)
                 skip = skip & seen  # seen is found: True in this branch
             return skip
 

@@ -44,9 +44,7 @@ def _mean(tree: Any, k: int) -> Any:
     """Floating leaves divided by `k` in `compute_dtype`, rounded once back."""
     if k == 1:
         return tree
-    return scaling.map_floats(
-        lambda x: widened(lambda w: w / k, x), tree
-    )
+    return scaling.map_floats(lambda x: widened(lambda w: w / k, x), tree)
 
 
 def _wait(step: Any, operands: tuple[Any, Any]) -> tuple[Any, Any]:

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from jax_amp_scale.mechanisms.floats import from_float32_bits
+
 # Skips in a row (finite gradients, non-finite update) after which the
 # non-finite-update skip warns, once.
 NONFINITE_RUN_WARNING = 10
@@ -37,10 +39,11 @@ class OverflowReport:
         self.floor = floor
         self.dynamic = dynamic
 
-    def __call__(self, found: Any, scale: Any, count: Any) -> None:
+    def __call__(self, found: Any, scale_bits: Any, count: Any) -> None:
         if not np.asarray(found).any():
             return
-        scale = np.asarray(scale, np.float64)
+        # The scale's float32 bits: a subnormal scale is still > 0 here.
+        scale = from_float32_bits(scale_bits)
         count = np.asarray(count)
         if self.limit is not None and (count >= self.limit).any():
             message = (
@@ -63,9 +66,10 @@ class OverflowReport:
             return
         if (scale == 0).any():
             warn(
-                "loss_scaled: the scale reached 0 after repeated overflows and cannot "
-                "recover (zero gradients unscale to NaN); set min_scale= in dynamic_scaler() "
-                "or max_consecutive_overflows= in loss_scaled to stop earlier"
+                f"loss_scaled: the scale is 0 after {int(count.max())} overflowing steps in a "
+                "row and cannot grow back: a zero scale makes every gradient 0, which "
+                "unscales to NaN, so every later step overflows too; set min_scale= in "
+                "dynamic_scaler() or max_consecutive_overflows= in loss_scaled to stop earlier"
             )
         elif self.floor is not None and (scale <= self.floor).any():
             warn(

@@ -75,13 +75,15 @@ def scale_value(state: Any, name: str = "state") -> jax.Array:
     elif isinstance(state, jax.Array | np.ndarray | np.generic):
         value = jnp.asarray(state)
     else:
-        try:
-            value = find_scale_state(state).scale
-        except ValueError:
+        held = instances(state, ScaleState)
+        if len(held) != 1:
             raise TypeError(
                 f"{name} must be a ScaleState, a scaler (DynamicScaler, StaticScaler, "
-                f"NoOpScaler), a LossScaledState or a float scalar; got {type(state).__name__}"
-            ) from None
+                "NoOpScaler), a LossScaledState, any pytree holding exactly one ScaleState "
+                "(such as the optax state of a chain with one loss_scaled) or a float "
+                f"scalar; got a {type(state).__name__} holding {len(held)} ScaleStates"
+            )
+        value = held[0].scale
     dtype = getattr(value, "dtype", None)
     if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"{name}: the scale must be a floating array, got {dtype}")
@@ -103,6 +105,14 @@ def scale_loss(loss: PyTree, state: Any) -> PyTree:
       while its gradient, taken through this float32 product, arrives in the
       parameters' dtype.  Non-floating leaves are returned unchanged.
     """
+    python = [x for x in jax.tree_util.tree_leaves(loss) if isinstance(x, numbers.Number)]
+    if python:
+        raise TypeError(
+            f"scale_loss: the loss must be a JAX array (what the loss function returns "
+            f"under jax.grad), got a Python {type(python[0]).__name__}; a Python number "
+            "carries no gradient and would not be scaled. Scale the array itself: "
+            "jas.scale_loss(loss_fn(params), state)"
+        )
     if _is_identity(state):
         return loss
     scale = scale_value(state)
