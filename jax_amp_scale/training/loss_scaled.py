@@ -25,7 +25,7 @@ from jax_amp_scale.mechanisms.floats import float32_bits, is_float_leaf
 from jax_amp_scale.mechanisms.handlers import Backend, check_backend
 from jax_amp_scale.operators.host_report import host_report
 from jax_amp_scale.operators.unscale_and_check import all_finite
-from jax_amp_scale.operators.update_scale import ScaleState, check_bool, or_across
+from jax_amp_scale.operators.update_scale import ScaleState, check_bool, found_to_bool, or_across
 from jax_amp_scale.training import replicas, reports, scalers, serialization
 from jax_amp_scale.training.scaling import instances
 
@@ -446,17 +446,18 @@ def optimizer_step(
     Applies ``tx`` to the (unscaled) `grads` and returns ``(new_params,
     new_opt_state)``; when `found_inf` is True returns `params` and
     `opt_state` unchanged, bit for bit (the optimizer's step count too), with
-    one ``lax.cond``.  Several optimizers sharing one scaler (torch's multiple
+    one ``lax.cond``.  `found_inf` is read as `update_scale` reads it (a bool,
+    int or float scalar, by its bits: nonzero, subnormal and NaN count).
+    Several optimizers sharing one scaler (torch's multiple
     optimizer scenario): call this once per optimizer with the found_inf of
     its own gradients, and ``scaler.update`` once with the OR of them.
     """
     if not isinstance(tx, optax.GradientTransformation):
         raise TypeError(f"tx must be an optax GradientTransformation, got {type(tx).__name__}")
     tx = optax.with_extra_args_support(tx)
-    found = jnp.asarray(found_inf)
-    if found.size != 1:
-        raise ValueError(f"found_inf must be a scalar, got shape {found.shape}")
-    found = found.reshape(()).astype(bool)
+    # Read by its bits, as update_scale reads it: a subnormal flag is an
+    # overflow (astype(bool) would read it as 0 under XLA's denormals-are-zero).
+    found = found_to_bool(found_inf, ())
 
     def apply(operands: tuple[Any, Any, Any]) -> tuple[Any, Any]:
         g, st, p = operands
