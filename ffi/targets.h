@@ -23,6 +23,10 @@ inline constexpr char kUpdateScaleTarget[] = "jas_update_scale_v2";
 // subnormal allowed) and the leaves -> found_inf (bool) and the unscaled
 // leaves (aliased).  No attributes.
 inline constexpr char kUnscaleAndCheckTarget[] = "jas_unscale_and_check_v1";
+// The same pass, v1's operands; results found_inf (bool), leaf_amax
+// (float32, one element per leaf: each leaf's largest finite |input|),
+// then the unscaled leaves (aliased).  No attributes.  CPU only.
+inline constexpr char kUnscaleCheckAmaxTarget[] = "jas_unscale_check_amax_v1";
 
 // The host report, v1: flag (bool) and values (bool, float32, int32) ->
 // flag; attribute report (int64), the key of a Python function in this

@@ -43,8 +43,13 @@ def varying_axes(x: Any) -> frozenset[Hashable]:
 _HINTS = {
     handlers.UPDATE_SCALE: "register one with jax_amp_scale.plugin.register(platform=...)",
     handlers.UNSCALE_AND_CHECK: "the fused pass has native handlers on CPU and Ascend",
+    handlers.UNSCALE_CHECK_AMAX: "the pass with the amax has a native handler on CPU",
 }
-_WHAT = {handlers.UPDATE_SCALE: "", handlers.UNSCALE_AND_CHECK: "fused unscale-and-check "}
+_WHAT = {
+    handlers.UPDATE_SCALE: "",
+    handlers.UNSCALE_AND_CHECK: "fused unscale-and-check ",
+    handlers.UNSCALE_CHECK_AMAX: "unscale-check-amax ",
+}
 
 
 def _vary(x: jax.Array, axes: frozenset[Any]) -> jax.Array:

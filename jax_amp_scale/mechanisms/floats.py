@@ -500,6 +500,27 @@ def magnitude_above_one(x: jax.Array) -> jax.Array:
     return (bits & _u32(0x7FFFFFFF)) > _u32(0x3F800000)
 
 
+def finite_amax(x: jax.Array) -> jax.Array:
+    """The largest |value| of the finite entries of the float array `x`, as a
+    float32 scalar (0 for none), read by the bits: the magnitude bits of
+    finite values order as their |values| (subnormals included, which
+    XLA:CPU's max would read as 0), mirroring ``FiniteMagnitude`` in
+    ffi/unscale_and_check.h.  Not differentiable (no gradient flows)."""
+    x = lax.stop_gradient(x)
+    dtype = jnp.dtype(x.dtype)
+    if dtype == jnp.float64:  # only under x64, where uint64 arrays exist
+        bits = lax.bitcast_convert_type(x, jnp.uint64) & jnp.uint64((1 << 63) - 1)
+        bits = jnp.where(bits < jnp.uint64(0x7FF << 52), bits, jnp.uint64(0))
+        top = jnp.max(bits, initial=jnp.uint64(0)) if x.size else jnp.uint64(0)
+        return lax.bitcast_convert_type(top, jnp.float64).astype(jnp.float32)
+    fm = FORMATS[dtype]
+    bits = lax.bitcast_convert_type(x, fm.bits_dtype).astype(jnp.uint32)
+    bits = bits & _u32(fm.sign_bit - 1)
+    bits = jnp.where(bits < _u32(fm.inf_bits), bits, _u32(0))
+    top = jnp.max(bits, initial=_u32(0)) if x.size else _u32(0)
+    return lax.bitcast_convert_type(convert(top, fm, F32), jnp.float32)
+
+
 def float32_bits(x: jax.Array) -> jax.Array:
     """The bits of `x` widened to float32 (exact), as int32: a value passed
     to the host this way keeps a subnormal that XLA:CPU would flush."""

@@ -45,7 +45,9 @@ from jax_amp_scale.mechanisms import jax_internals
 # The operators that have native handlers, by their modules' names.
 UPDATE_SCALE = "update_scale"
 UNSCALE_AND_CHECK = "unscale_and_check"
-OPERATORS: tuple[str, ...] = (UPDATE_SCALE, UNSCALE_AND_CHECK)
+# The gradient pass that also measures each leaf's amax: CPU only.
+UNSCALE_CHECK_AMAX = "unscale_check_amax"
+OPERATORS: tuple[str, ...] = (UPDATE_SCALE, UNSCALE_AND_CHECK, UNSCALE_CHECK_AMAX)
 # The host report (operators/host_report.py): native on CPU, never exported.
 HOST_REPORT = "host_report"
 
@@ -69,12 +71,14 @@ CANN_PLATFORMS = frozenset({"ascend", "npu"})
 AUTO_NATIVE = {
     UPDATE_SCALE: frozenset({"cpu"}) | CANN_PLATFORMS,
     UNSCALE_AND_CHECK: frozenset({"cpu"}) | CANN_PLATFORMS,
+    UNSCALE_CHECK_AMAX: frozenset({"cpu"}),
 }
 
 # The native module attribute holding each operator's FFI target name.
 _TARGET_ATTRIBUTE = {
     UPDATE_SCALE: "UPDATE_SCALE_TARGET",
     UNSCALE_AND_CHECK: "UNSCALE_AND_CHECK_TARGET",
+    UNSCALE_CHECK_AMAX: "UNSCALE_CHECK_AMAX_TARGET",
     HOST_REPORT: "HOST_REPORT_TARGET",
 }
 

@@ -35,6 +35,11 @@ from jax_amp_scale.mechanisms import floats, handlers, jax_internals
 
 PyTree = Any
 Pass = Callable[[jax.Array, list[jax.Array]], tuple[jax.Array, list[jax.Array]]]
+# A pass that may also measure each leaf's amax: ``(found, amaxes, unscaled)``,
+# `amaxes` a float32 scalar per leaf, or empty when not asked for.
+AmaxPass = Callable[
+    [jax.Array, list[jax.Array]], tuple[jax.Array, list[jax.Array], list[jax.Array]]
+]
 
 
 # ---- the reference: every platform ------------------------------------------
@@ -75,6 +80,24 @@ def reference_pass(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, 
     return jnp.logical_not(finite), outs
 
 
+def reference_amax_pass(
+    inv: jax.Array, leaves: list[jax.Array]
+) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
+    """`reference_pass` and each leaf's `floats.finite_amax` of the input."""
+    found, outs = reference_pass(inv, leaves)
+    return found, [floats.finite_amax(x) for x in leaves], outs
+
+
+def _with_amax(run: Pass) -> AmaxPass:
+    def with_none(
+        inv: jax.Array, leaves: list[jax.Array]
+    ) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
+        found, outs = run(inv, leaves)
+        return found, [], outs
+
+    return with_none
+
+
 # ---- the native call -----------------------------------------------------------
 
 # Leaves per custom call.  XLA's compile time grows with the cube of the
@@ -87,32 +110,41 @@ LEAVES_PER_CALL = 64
 
 
 def _one_call(
-    target: str, inv: jax.Array, leaves: list[jax.Array]
-) -> tuple[jax.Array, list[jax.Array]]:
+    target: str, inv: jax.Array, leaves: list[jax.Array], amax: bool
+) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
     results = [jax.ShapeDtypeStruct((), jnp.bool_)]
+    if amax:  # jas_unscale_check_amax_v1: one float32 per leaf after the flag
+        results.append(jax.ShapeDtypeStruct((len(leaves),), jnp.float32))
+    first = len(results)
     results += [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
     # In place, as torch's fused op: each unscaled leaf takes its gradient's
     # buffer.  Inside a step the gradients are dead after this call, so XLA
     # reuses them (no second gradient-sized buffer); a gradient still live
     # elsewhere (a non-donated jit argument, say) gets copied first.
-    aliases = {k + 1: k + 1 for k in range(len(leaves))}
+    aliases = {k + 1: k + first for k in range(len(leaves))}
     call = jax.ffi.ffi_call(target, tuple(results), input_output_aliases=aliases)
-    found, *outs = call(inv, *leaves)
-    return found, outs
+    found, *rest = call(inv, *leaves)
+    if not amax:
+        return found, [], rest
+    return found, list(rest[0]), rest[1:]
 
 
-def _calls(target: str) -> Pass:
-    def run(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
+def _calls(target: str, amax: bool) -> AmaxPass:
+    def run(
+        inv: jax.Array, leaves: list[jax.Array]
+    ) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
         found: jax.Array | None = None
+        amaxes: list[jax.Array] = []
         outs: list[jax.Array] = []
         for start in range(0, len(leaves), LEAVES_PER_CALL):
-            group_found, group_outs = _one_call(
-                target, inv, leaves[start : start + LEAVES_PER_CALL]
+            group_found, group_amax, group_outs = _one_call(
+                target, inv, leaves[start : start + LEAVES_PER_CALL], amax
             )
             found = group_found if found is None else jnp.logical_or(found, group_found)
+            amaxes += group_amax
             outs += group_outs
         assert found is not None  # leaves is nonempty
-        return cc.vary_like((found, outs), inv, leaves)  # type: ignore[no-any-return]
+        return cc.vary_like((found, amaxes, outs), inv, leaves)  # type: ignore[no-any-return]
 
     return run
 
@@ -193,18 +225,21 @@ def cann_fused_pass(target: str, reference: Pass) -> Pass:
     return run
 
 
-def _rule(ranks: Sequence[int]) -> str:
-    """The Shardy rule: a replicated scalar, then every leaf elementwise."""
-    values = [""] + [" ".join(f"l{k}d{d}" for d in range(r)) for k, r in enumerate(ranks)]
-    operands = ", ".join(values)
-    return f"{operands} -> {operands}"
+def _rule(ranks: Sequence[int], n_amax: int) -> str:
+    """The Shardy rule: a replicated scalar, then every leaf elementwise;
+    the results also hold `n_amax` replicated scalars after the flag."""
+    leaves = [" ".join(f"l{k}d{d}" for d in range(r)) for k, r in enumerate(ranks)]
+    operands = ", ".join(["", *leaves])
+    results = ", ".join(["", *[""] * n_amax, *leaves])
+    return f"{operands} -> {results}"
 
 
-def _partitioned(run: Pass, ranks: tuple[int, ...]) -> Any:
+def _partitioned(run: AmaxPass, ranks: tuple[int, ...], n_amax: int) -> Any:
     @custom_partitioning
     def call(inv: jax.Array, *leaves: jax.Array) -> tuple[jax.Array, ...]:
-        found, outs = run(inv, list(leaves))
-        return (found, *(cc.typed_like(y, x) for y, x in zip(outs, leaves, strict=True)))
+        found, amaxes, outs = run(inv, list(leaves))
+        typed = (cc.typed_like(y, x) for y, x in zip(outs, leaves, strict=True))
+        return (found, *amaxes, *typed)
 
     def shardings(mesh: Any, arg_shapes: Any) -> tuple[Any, list[Any], list[Hashable]]:
         leaf_shardings = [cc.operand_sharding(mesh, a) for a in arg_shapes[1:]]
@@ -224,40 +259,46 @@ def _partitioned(run: Pass, ranks: tuple[int, ...]) -> Any:
 
         def local(inv: jax.Array, *leaves: jax.Array) -> tuple[jax.Array, ...]:
             with cc.local_shapes():
-                found, outs = run(inv, list(leaves))
+                found, amaxes, outs = run(inv, list(leaves))
                 if axes:  # one scalar all-reduce: the OR over every shard
                     found = jax.lax.pmax(found.astype(jnp.int32), tuple(axes)) > 0
-            return (found, *outs)
+                    if amaxes:  # and one for the amaxes, the max over every shard
+                        amaxes = list(jax.lax.pmax(jnp.stack(amaxes), tuple(axes)))
+            return (found, *amaxes, *outs)
 
         shards = (rep, *leaf_shardings)
-        return mesh, local, shards, shards
+        return mesh, local, (rep, *[rep] * n_amax, *leaf_shardings), shards
 
     def infer(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
         rep, leaf_shardings, _ = shardings(mesh, arg_shapes)
-        return (rep, *leaf_shardings)
+        return (rep, *[rep] * n_amax, *leaf_shardings)
 
     call.def_partition(
         partition=partition,
         infer_sharding_from_operands=infer,
-        sharding_rule=_rule(ranks),
+        sharding_rule=_rule(ranks, n_amax),
     )
     return call
 
 
-def elementwise_pass(run: Pass) -> Pass:
-    """`run` (``(inv, leaves) -> (found, unscaled)``) partitioned per shard.
+def elementwise_pass(run: AmaxPass, amax: bool) -> AmaxPass:
+    """`run` (``(inv, leaves) -> (found, amaxes, unscaled)``) partitioned per shard.
 
-    `run` must be elementwise in the leaves and its flag an OR over their
-    elements: then the OR of the per-shard flags is the global flag, bit for
-    bit, whatever the sharding.
+    `run` must be elementwise in the leaves, its flag an OR and its amaxes
+    maxima over their elements: then the OR of the per-shard flags and the
+    max of the per-shard amaxes are the global ones, bit for bit, whatever
+    the sharding.
     """
 
-    def partitioned(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
+    def partitioned(
+        inv: jax.Array, leaves: list[jax.Array]
+    ) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
         if cc.unwrapped():
-            found, outs = run(inv, leaves)
-            return found, [cc.typed_like(y, x) for y, x in zip(outs, leaves, strict=True)]
-        found, *outs = _partitioned(run, tuple(x.ndim for x in leaves))(inv, *leaves)
-        return found, _sharded_alike(leaves, list(outs))
+            found, amaxes, outs = run(inv, leaves)
+            return found, amaxes, [cc.typed_like(y, x) for y, x in zip(outs, leaves, strict=True)]
+        n_amax = len(leaves) if amax else 0
+        found, *rest = _partitioned(run, tuple(x.ndim for x in leaves), n_amax)(inv, *leaves)
+        return found, list(rest[:n_amax]), _sharded_alike(leaves, list(rest[n_amax:]))
 
     return partitioned
 
@@ -273,6 +314,14 @@ def _sharded_alike(leaves: list[jax.Array], outs: list[jax.Array]) -> list[jax.A
     return list(outs)
 
 
+def _plain(run: AmaxPass) -> Pass:
+    def without(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
+        found, _, outs = run(inv, leaves)
+        return found, outs
+
+    return without
+
+
 def unscale_and_check_native(
     inv: jax.Array,
     leaves: list[jax.Array],
@@ -283,7 +332,35 @@ def unscale_and_check_native(
     strict: bool,
     cann_platforms: Iterable[str] = (),
 ) -> tuple[jax.Array, list[jax.Array]]:
-    """``(found_inf, unscaled_leaves)`` through the native pass on `native_on`.
+    """``(found_inf, unscaled_leaves)`` through the native pass on `native_on`;
+    see `native_pass`."""
+    found, _, outs = native_pass(
+        inv,
+        leaves,
+        target=target,
+        native_on=native_on,
+        reference=_with_amax(reference),
+        strict=strict,
+        cann_platforms=cann_platforms,
+        amax=False,
+    )
+    return found, outs
+
+
+def native_pass(
+    inv: jax.Array,
+    leaves: list[jax.Array],
+    *,
+    target: str,
+    native_on: Iterable[str],
+    reference: AmaxPass,
+    strict: bool,
+    cann_platforms: Iterable[str] = (),
+    amax: bool,
+) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
+    """``(found_inf, amaxes, unscaled_leaves)`` through the native pass on
+    `native_on` (`amaxes` empty unless `amax`: then `target` is the amax
+    pass, which has no CANN form).
 
     Args:
       inv: float32 scalar, ``1 / scale``.
@@ -298,14 +375,21 @@ def unscale_and_check_native(
         ``aclnnForeachNonFiniteCheckAndUnscale`` (its calling convention).
     """
 
-    def other(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
+    def other(
+        inv: jax.Array, leaves: list[jax.Array]
+    ) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
         out = reference(inv, leaves)  # typed like the native branch
-        return cc.unavailable(handlers.UNSCALE_AND_CHECK, out) if strict else out
+        op = handlers.UNSCALE_CHECK_AMAX if amax else handlers.UNSCALE_AND_CHECK
+        return cc.unavailable(op, out) if strict else out
 
     # Each device runs the pass on its shards; the flag is OR-reduced (`elementwise_pass`).
-    native = cc.with_reference_rules(elementwise_pass(_calls(target)), reference)
-    cann = cc.with_reference_rules(elementwise_pass(cann_fused_pass(target, reference)), reference)
-    overrides = {p: cann for p in native_on if p in frozenset(cann_platforms)}
+    native = cc.with_reference_rules(elementwise_pass(_calls(target, amax), amax), reference)
+    overrides = {}
+    if not amax:
+        plain = _plain(reference)
+        cann_run = _with_amax(cann_fused_pass(target, plain))
+        cann = cc.with_reference_rules(elementwise_pass(cann_run, False), reference)
+        overrides = {p: cann for p in native_on if p in frozenset(cann_platforms)}
     return cc.per_platform(  # type: ignore[no-any-return]
         native, other, inv, leaves, native_on=native_on, overrides=overrides
     )
@@ -318,6 +402,15 @@ def unscale_and_check_leaves(
     inv: jax.Array, leaves: list[jax.Array], backend: str
 ) -> tuple[jax.Array, list[jax.Array]]:
     """``(found_inf, unscaled)`` for nonempty floating `leaves`; `backend` checked."""
+    found, _, outs = _pass(inv, leaves, backend, amax=False)
+    return found, outs
+
+
+def _pass(
+    inv: jax.Array, leaves: list[jax.Array], backend: str, *, amax: bool
+) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
+    op = handlers.UNSCALE_CHECK_AMAX if amax else handlers.UNSCALE_AND_CHECK
+    reference = reference_amax_pass if amax else _with_amax(reference_pass)
     partitions = cc.partitions(leaves)
     if backend == "ffi" and not partitions:
         raise ValueError(
@@ -325,17 +418,18 @@ def unscale_and_check_leaves(
             "on jax < 0.7 (its collective does not lower there); use backend='auto' "
             "or 'reference', jax >= 0.7, or call it inside shard_map"
         )
-    plan = handlers.plan(handlers.UNSCALE_AND_CHECK, backend, partitions=partitions)
+    plan = handlers.plan(op, backend, partitions=partitions)
     if plan.mode == "reference":
-        return reference_pass(inv, leaves)
-    return unscale_and_check_native(
+        return reference(inv, leaves)
+    return native_pass(
         inv,
         leaves,
         target=plan.target,
         native_on=plan.platforms,
-        reference=reference_pass,
+        reference=reference,
         strict=plan.mode == "strict",
         cann_platforms=plan.cann_platforms,
+        amax=amax,
     )
 
 
@@ -367,3 +461,34 @@ def unscale_and_check(
     for i, u in zip(floating, outs, strict=True):
         leaves[i] = u
     return jax.tree_util.tree_unflatten(treedef, leaves), found
+
+
+def unscale_check_amax(
+    tree: PyTree, scale: jax.Array | None, backend: str = "auto"
+) -> tuple[PyTree, jax.Array, jax.Array]:
+    """`unscale_and_check` and, in the same pass, each floating leaf's amax:
+    ``(unscaled, found_inf, leaf_amax)``.
+
+    ``leaf_amax`` is float32 of shape (number of floating leaves,), in
+    ``tree_flatten`` order: the largest |value| of each leaf's *finite*
+    entries of `tree` as given (the scaled gradients: scaled units), 0 for
+    a leaf with none; read by the bits (`floats.finite_amax`), so every
+    backend gives the same values.  On CPU the native pass
+    (``jas_unscale_check_amax_v1``) reads each gradient once for all three;
+    elsewhere (Ascend included) the reference, which XLA:GPU fuses.
+    """
+    checked = handlers.check_backend(backend)
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    floating = [i for i, x in enumerate(leaves) if floats.is_float_leaf(x)]
+    if not floating:
+        return tree, jnp.array(False), jnp.zeros((0,), jnp.float32)
+    picked = [leaves[i] for i in floating]
+    if scale is None:  # identity scale: nothing to multiply
+        amax = jnp.stack([floats.finite_amax(x) for x in picked])
+        return tree, jnp.logical_not(all_finite(tree)), amax
+    inv = floats.inverse_scale(scale)
+    found, amaxes, outs = _pass(inv, picked, checked, amax=True)
+    for i, u in zip(floating, outs, strict=True):
+        leaves[i] = u
+    amax = jax.lax.stop_gradient(jnp.stack(amaxes))
+    return jax.tree_util.tree_unflatten(treedef, leaves), found, amax

@@ -17,6 +17,63 @@
 
 #include "unscale_and_check.h"
 
+// Each loop runs with the amax (kAmax) and without it: the same bits and
+// flag both ways (the handler of the v1 target takes the loop without), and
+// the amax equal to a plain scalar pass over the input (the largest finite
+// magnitude, by its bits).  Mismatches count in g_amax_bad.
+static long g_amax_bad = 0;
+
+template <typename U, typename T, typename Mag>
+uint64_t ScalarAmax(const T* in, int64_t n, Mag mag) {
+  uint64_t top = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    U u;
+    std::memcpy(&u, in + i, sizeof(u));
+    const uint64_t m = mag(u);
+    top = m > top ? m : top;
+  }
+  return top;
+}
+
+template <typename U, typename T, typename Mag, typename WithAmax, typename Without>
+bool Both(const T* in, T* out, int64_t n, Mag mag, WithAmax with_amax, Without without) {
+  const std::vector<T> input(in, in + n);  // `out` may be `in`
+  std::vector<T> plain(static_cast<size_t>(n));
+  const bool plain_flag = without(input.data(), plain.data(), n);
+  uint64_t got = 0;
+  const bool flag = with_amax(in, out, n, &got);
+  const uint64_t want = ScalarAmax<U>(input.data(), n, mag);
+  if (got != want && g_amax_bad++ < 10) {
+    std::printf("amax %llx, scalar pass %llx (n %lld)\n", static_cast<unsigned long long>(got),
+                static_cast<unsigned long long>(want), static_cast<long long>(n));
+  }
+  bool same = plain_flag == flag;
+  for (int64_t i = 0; i < n && same; ++i) {
+    same = std::memcmp(&plain[i], &out[i], sizeof(T)) == 0 || input[i] != input[i] ||
+           out[i] != out[i];
+  }
+  if (!same && g_amax_bad++ < 10) std::printf("with and without the amax differ (n %lld)\n",
+                                              static_cast<long long>(n));
+  return flag;
+}
+
+#define JAS_BOTH(NAME, FN, U, T, MAG)                                                     \
+  bool NAME(const T* in, T* out, int64_t n, float inv, float post) {                     \
+    return Both<U>(                                                                       \
+        in, out, n, MAG{},                                                                \
+        [&](const T* i, T* o, int64_t m, uint64_t* a) { return FN<true>(i, o, m, inv, post, a); }, \
+        [&](const T* i, T* o, int64_t m) { return FN<false>(i, o, m, inv, post, nullptr); }); \
+  }
+
+JAS_BOTH(F16Portable, jas::UnscaleF16Portable, uint16_t, uint16_t, jas::F16Magnitude)
+JAS_BOTH(BF16Portable, jas::UnscaleBF16Portable, uint16_t, uint16_t, jas::BF16Magnitude)
+JAS_BOTH(F32Portable, jas::UnscaleF32Portable, uint32_t, float, jas::F32Magnitude)
+#ifdef JAS_HAVE_F16C_PATH
+JAS_BOTH(F16c, jas::UnscaleF16F16c, uint16_t, uint16_t, jas::F16Magnitude)
+JAS_BOTH(BF16Avx2, jas::UnscaleBF16Avx2, uint16_t, uint16_t, jas::BF16Magnitude)
+JAS_BOTH(F32Avx2, jas::UnscaleF32Avx2, uint32_t, float, jas::F32Magnitude)
+#endif
+
 #ifdef JAS_HAVE_F16C_PATH
 // Every float32 pattern through vcvtps2ph against FloatToHalf; mismatches.
 __attribute__((target("f16c"))) long CompareEveryFloat(long bad) {
@@ -55,9 +112,9 @@ int main() {
     for (int64_t skip = 0; skip < 2; ++skip) {  // the flag: with and without non-finite
       const int64_t m = skip ? 0x7c00 : n;  // below 0x7c00 every input is finite
       a = src;
-      const bool fa = jas::UnscaleF16F16c(a.data(), a.data(), m, inv, 1.0f);  // in place
-      const bool fb = jas::UnscaleF16Portable(src.data(), b.data(), m, inv, 1.0f);
-      const bool fc = jas::UnscaleF16F16c(src.data(), c.data(), m, inv, 1.0f);  // out of place
+      const bool fa = F16c(a.data(), a.data(), m, inv, 1.0f);  // in place
+      const bool fb = F16Portable(src.data(), b.data(), m, inv, 1.0f);
+      const bool fc = F16c(src.data(), c.data(), m, inv, 1.0f);  // out of place
       if (fa != fb || fc != fb) {
         std::printf("flag differs: inv %a, m %lld\n", inv, static_cast<long long>(m));
         ++bad;
@@ -84,9 +141,9 @@ int main() {
       for (int64_t at = 0; at + seg <= n; at += seg) {
         uint16_t in_place[64], out[64], want[64];
         std::memcpy(in_place, src.data() + at, seg * sizeof(uint16_t));
-        const bool fa = jas::UnscaleF16F16c(in_place, in_place, seg, inv, 1.0f);
-        const bool fc = jas::UnscaleF16F16c(src.data() + at, out, seg, inv, 1.0f);
-        const bool fb = jas::UnscaleF16Portable(src.data() + at, want, seg, inv, 1.0f);
+        const bool fa = F16c(in_place, in_place, seg, inv, 1.0f);
+        const bool fc = F16c(src.data() + at, out, seg, inv, 1.0f);
+        const bool fb = F16Portable(src.data() + at, want, seg, inv, 1.0f);
         if ((fa != fb || fc != fb || std::memcmp(in_place, want, seg * sizeof(uint16_t)) != 0 ||
              std::memcmp(out, want, seg * sizeof(uint16_t)) != 0) &&
             bad++ < 60) {
@@ -102,9 +159,9 @@ int main() {
   if (jas::HaveAvx2()) {
     for (float inv : invs) {
       a = src;
-      const bool fa = jas::UnscaleBF16Avx2(a.data(), a.data(), n, inv, 1.0f);
-      const bool fb = jas::UnscaleBF16Portable(src.data(), b.data(), n, inv, 1.0f);
-      const bool fc = jas::UnscaleBF16Avx2(src.data(), c.data(), n, inv, 1.0f);
+      const bool fa = BF16Avx2(a.data(), a.data(), n, inv, 1.0f);
+      const bool fb = BF16Portable(src.data(), b.data(), n, inv, 1.0f);
+      const bool fc = BF16Avx2(src.data(), c.data(), n, inv, 1.0f);
       if (fa != fb || fc != fb) {
         std::printf("bf16 flag differs: inv %a\n", inv);
         ++bad;
@@ -145,18 +202,18 @@ int main() {
         f[pos] = std::numeric_limits<float>::infinity();
       }
       const bool want = pos >= 0;
-      if (jas::UnscaleF16F16c(h.data(), h.data(), len, 0.5f, 1.0f) != want) {
+      if (F16c(h.data(), h.data(), len, 0.5f, 1.0f) != want) {
         std::printf("f16 flag wrong with inf at %lld\n", static_cast<long long>(pos));
         ++bad;
       }
       std::vector<uint16_t> bf(len, 0x3f80);  // 1.0
       if (pos >= 0) bf[pos] = 0x7f80;            // inf
-      if (jas::HaveAvx2() && jas::UnscaleBF16Avx2(bf.data(), bf.data(), len, 0.5f, 1.0f) != want) {
+      if (jas::HaveAvx2() && BF16Avx2(bf.data(), bf.data(), len, 0.5f, 1.0f) != want) {
         std::printf("bf16 flag wrong with inf at %lld\n", static_cast<long long>(pos));
         ++bad;
       }
       if (jas::HaveAvx2() && bf[len / 2] != 0x3f00) ++bad;
-      if (jas::HaveAvx2() && jas::UnscaleF32Avx2(f.data(), f.data(), len, 0.5f, 1.0f) != want) {
+      if (jas::HaveAvx2() && F32Avx2(f.data(), f.data(), len, 0.5f, 1.0f) != want) {
         std::printf("f32 flag wrong with inf at %lld\n", static_cast<long long>(pos));
         ++bad;
       }
@@ -177,8 +234,8 @@ int main() {
     std::vector<float> p(x.size()), q(x.size());
     for (float inv : invs) {
       p = x;
-      const bool fa = jas::UnscaleF32Avx2(p.data(), p.data(), p.size(), inv, 1.0f);
-      const bool fb = jas::UnscaleF32Portable(x.data(), q.data(), q.size(), inv, 1.0f);
+      const bool fa = F32Avx2(p.data(), p.data(), p.size(), inv, 1.0f);
+      const bool fb = F32Portable(x.data(), q.data(), q.size(), inv, 1.0f);
       if (fa != fb) ++bad;
       for (size_t i = 0; i < x.size(); ++i) {
         const uint32_t xa = jas::F32Bits(x[i]);
@@ -194,8 +251,8 @@ int main() {
     for (uint32_t inv_bits : {0x00000001u, 0x00123457u, 0x00400000u, 0x807fffffu}) {
       const jas::InverseFactors f = jas::SplitInverse(jas::F32FromBits(inv_bits));
       p = x;
-      const bool fa = jas::UnscaleF32Avx2(p.data(), p.data(), p.size(), f.m, f.post);
-      const bool fb = jas::UnscaleF32Portable(x.data(), q.data(), q.size(), f.m, f.post);
+      const bool fa = F32Avx2(p.data(), p.data(), p.size(), f.m, f.post);
+      const bool fb = F32Portable(x.data(), q.data(), q.size(), f.m, f.post);
       if (fa != fb) ++bad;
       for (size_t i = 0; i < x.size(); ++i) {
         if (jas::F32Bits(p[i]) != jas::F32Bits(q[i]) && bad++ < 30) {
@@ -227,6 +284,7 @@ int main() {
       std::printf("SplitInverse changed the normal inverse %a\n", static_cast<double>(inv));
     }
   }
+  bad += g_amax_bad;
   if (bad != 0) {
     std::printf("%ld mismatches\n", bad);
     return 1;
