@@ -21,17 +21,18 @@ import os
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
 
-from jax_amp_scale.lowering.ffi_calls import (
+from jax_amp_scale.mechanisms import handlers
+from jax_amp_scale.operators.unscale_and_check import cann_fused_pass, reference_pass
+from jax_amp_scale.operators.update_scale import (
     call_native,
-    cann_fused_pass,
+    found_to_bool,
     refuse_infinite_growth,
 )
-from jax_amp_scale.ops.operators import found_to_bool
-from jax_amp_scale.reference.gradient_pass import reference_pass
 
 # A subprocess started by a test reuses the parent's build through this.
 _PATH_VAR = "JAS_ASCEND_TESTING_MODULE"
@@ -121,27 +122,58 @@ def update_scale(
 
 
 @contextlib.contextmanager
+def dispatch_tables(
+    *,
+    auto_native: dict[str, frozenset[str]] | None = None,
+    cann_platforms: frozenset[str] | None = None,
+    targets: dict[str, str] | None = None,
+) -> Iterator[None]:
+    """Within it, the dispatch reads these tables: `handlers.AUTO_NATIVE`
+    (operator -> platforms where ``"auto"`` prefers the native handler;
+    replaced whole when given), `handlers.CANN_PLATFORMS` and
+    `handlers.TARGETS` (operator -> FFI target name; the given ones replace
+    the modules' own).
+
+    Decisions are taken when a function is traced, and `jax.jit` caches
+    traces without knowing the tables, so JAX's caches are cleared on entry
+    and on exit: functions traced inside keep that path.
+    """
+    with contextlib.ExitStack() as stack:
+        if auto_native is not None:
+            stack.enter_context(
+                mock.patch.dict(handlers.AUTO_NATIVE, dict(auto_native), clear=True)
+            )
+        if cann_platforms is not None:
+            stack.enter_context(
+                mock.patch.object(handlers, "CANN_PLATFORMS", frozenset(cann_platforms))
+            )
+        if targets is not None:
+            handlers.platforms(handlers.UPDATE_SCALE)  # load the modules' own names first
+            stack.enter_context(mock.patch.dict(handlers.TARGETS, targets))
+        jax.clear_caches()
+        stack.callback(jax.clear_caches)
+        yield
+
+
+@contextlib.contextmanager
 def ascend_on_cpu() -> Iterator[None]:
     """Within it, CPU plays Ascend: the package's own dispatch, run whole.
 
     ``update_scale(..., backend="auto")``, ``unscale_and_check`` and
     ``loss_scaled`` then take exactly the path they take on an Ascend
-    platform: the dispatch configuration (`jax_amp_scale.ops.dispatch.configured`,
-    the one seam) names "cpu" a CANN platform (the rule choice: a torch state
-    with factors that are not powers of two plans the reference; the guard
-    after aclnnAmpUpdateScale; the fused pass's CANN calling convention),
-    prefers the native handlers there, and calls the test bindings of
-    ``ffi/ascend.cc`` (CANN loaded by the production loader: point it at the
-    CANN test double first, ``control.use``).  With several devices the
-    fused pass runs per local shard, as on a mesh of NPUs.  Functions traced
-    inside keep that path; trace afresh after leaving.
+    platform: the dispatch tables (`dispatch_tables`) name "cpu" a CANN
+    platform (the rule choice: a torch state with factors that are not
+    powers of two plans the reference; the guard after aclnnAmpUpdateScale;
+    the fused pass's CANN calling convention), prefer the native handlers
+    there, and call the test bindings of ``ffi/ascend.cc`` (CANN loaded by
+    the production loader: point it at the CANN test double first,
+    ``control.use``).  With several devices the fused pass runs per local
+    shard, as on a mesh of NPUs.  Functions traced inside keep that path;
+    trace afresh after leaving.
     """
-    from jax_amp_scale.ops import dispatch
-    from jax_amp_scale.platforms import handlers
-
     register_test_binding()
     mod = testing()
-    with dispatch.configured(
+    with dispatch_tables(
         auto_native={op: frozenset({"cpu"}) for op in handlers.OPERATORS},
         cann_platforms=frozenset({"cpu"}),
         targets={

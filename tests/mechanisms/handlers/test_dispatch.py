@@ -12,7 +12,6 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import jax_amp_scale as jas
@@ -59,7 +58,7 @@ def test_under_vmap_update_scale_is_one_call_for_the_batch():
 
 def test_explicitly_sharded_state_runs_natively_and_keeps_its_type():
     # The native call's results carry the state's explicit sharding
-    # (lowering/partitioning.py), so "auto" need not avoid it.
+    # (operators/update_scale.py, per_element), so "auto" need not avoid it.
     mesh = jax.make_mesh((1,), ("x",), axis_types=(AxisType.Explicit,))
     one = jas.init_scale_state(8.0, shape=(1,))
     sharding = NamedSharding(mesh, PartitionSpec("x"))
@@ -74,24 +73,17 @@ def test_explicitly_sharded_state_runs_natively_and_keeps_its_type():
     np.testing.assert_array_equal(np.asarray(out.scale), [4.0])
 
 
-def test_dispatch_configuration_is_an_immutable_value_changed_only_in_a_block():
-    import dataclasses
+def test_auto_follows_the_dispatch_tables_only_inside_the_block():
+    from jax_amp_scale.mechanisms import handlers
+    from tests.ascend_harness import dispatch_tables
 
-    from jax_amp_scale.ops import dispatch
-
-    cfg = dispatch.config()
-    assert cfg is dispatch.DEFAULT_CONFIG
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.cann_platforms = frozenset({"cpu"})  # type: ignore[misc]
-    with pytest.raises(TypeError):
-        cfg.auto_native["update_scale"] = frozenset()  # type: ignore[index]
-    with pytest.raises(ValueError, match="unknown operators"):
-        dispatch.DispatchConfig(auto_native={"update_scal": frozenset({"cpu"})})
+    before = dict(handlers.AUTO_NATIVE), handlers.CANN_PLATFORMS
     step = lambda s: jas.update_scale(s, True)  # noqa: E731
     state = jas.init_scale_state()
-    with dispatch.configured(auto_native={}) as inside:
-        assert dispatch.config() is inside and inside.cann_platforms == cfg.cann_platforms
+    with dispatch_tables(auto_native={}):
+        assert before[1] == handlers.CANN_PLATFORMS
         assert jas.auto_backend("cpu") == "reference"
         assert "jas_update_scale" not in jax.jit(step).lower(state).as_text()
-    assert dispatch.config() is cfg and jas.auto_backend("cpu") == "ffi"
+    assert (dict(handlers.AUTO_NATIVE), handlers.CANN_PLATFORMS) == before
+    assert jas.auto_backend("cpu") == "ffi"
     assert "jas_update_scale" in jax.jit(step).lower(state).as_text()
