@@ -1,4 +1,4 @@
-"""One side of the fresh-process export round trip (tests/test_export.py).
+"""One side of the fresh-process export round trip (tests/public/test_export.py).
 
 python -m tests.export_worker save FIXTURE_NAME BACKEND DIR
     exports the step, writes DIR/step.bin and DIR/step.npz (inputs and

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
@@ -78,7 +78,7 @@ def test_every_python_block_is_tested():
 
 def test_links_resolve():
     """Every relative link of the front page (into docs/, bench/, ...) exists."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README)
     relative = [link for link in links if "://" not in link]
     assert relative, "no relative links found"

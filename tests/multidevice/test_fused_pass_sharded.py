@@ -20,7 +20,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_amp_scale as jas
-from jax_amp_scale.reference.gradient_pass import reference_pass
+from jax_amp_scale.operators.unscale_and_check import reference_pass
 from tests.jax_compat import BEFORE_0_7, EXPLICIT_NATIVE_PASS, set_mesh, shard_map
 
 MODES = [AxisType.Auto, AxisType.Explicit]

@@ -192,13 +192,13 @@ def test_16_bit_parameters_add_only_scalar_reductions(partitioner, layout, mode,
 
 @pytest.mark.skipif(BEFORE_0_7, reason="GSPMD on jax < 0.7 places the pass's flag otherwise")
 def test_our_sharding_groups_partition_like_jaxs_shard_alike(partitioner, monkeypatch):
-    # The groups lowering/sharding_groups.py builds where jax (0.11 on)
+    # The groups mechanisms/jax_internals.py (sharding_groups) builds where jax (0.11 on)
     # removed shard_alike, forced on this jax: issue 30's FSDP cell keeps the
     # plain step's collectives and adds only the flag's all-reduce (without
     # the groups both partitioners gather the input: this test fails).
-    from jax_amp_scale.lowering import partitioning, sharding_groups
+    from jax_amp_scale.mechanisms import jax_internals
 
-    monkeypatch.setattr(partitioning, "shard_alike", sharding_groups.shard_alike)
+    monkeypatch.setattr(jax_internals, "shard_alike", jax_internals.sharding_groups)
     jax.clear_caches()
     extra = _extra_reductions("fsdp", AxisType.Auto, np.float32)
     assert len(extra) == FLAG_REDUCTIONS["fsdp"], extra

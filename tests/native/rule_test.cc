@@ -1,5 +1,5 @@
 // Standalone check of ffi/update_scale.h (and torch_rule.h, cann_rule.h,
-// float_formats.h under it), built by tests/test_native_rule.py
+// float_formats.h under it), built by tests/operators/update_scale/test_native_rule.py
 // with -fsanitize=address,undefined (leak checking on: no Python around).
 //
 // For float32 scales, MulByFactor must equal the hardware's float(double(x)

@@ -24,7 +24,7 @@ from tests.fixtures import make_export_fixtures as fx
 
 pytest.importorskip("flatbuffers")  # jax.export's serializer (the "export" extra)
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 fx.register_optax_states()  # the inner optimizer's state types, by name
 FIXTURES = sorted(fx.HERE.glob("*.jax_exported"))
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 
 
 def _run(script: str, **env: str) -> dict:
@@ -65,14 +65,14 @@ def fake_plugin(tmp_path_factory) -> Path:
 _FAKE = """
 import ctypes, json, os
 from jax_amp_scale import plugin, _native_plugin
-from jax_amp_scale.platforms import handlers, pjrt, ascend as _ascend
+from jax_amp_scale.mechanisms import handlers
 path = os.environ["FAKE_PJRT"]
 out = {}
 try:
     # A fake plugin JAX did not load: registered in its API table directly.
     api = _native_plugin.api_from_library(path)
-    out["route"] = pjrt.register_in_api(api, "ascend")
-    out["again"] = pjrt.register_in_api(api, "ascend")
+    out["route"] = plugin.register_in_api(api, "ascend")
+    out["again"] = plugin.register_in_api(api, "ascend")
     out["platforms"] = sorted(handlers.platforms('update_scale'))
     import jax_amp_scale as jas
     out["available"] = jas.available_backends("ascend")
@@ -141,7 +141,7 @@ def test_a_library_that_is_not_a_pjrt_plugin(tmp_path):
 _CHECKED = """
 import ctypes, json, os
 from jax_amp_scale import plugin
-from jax_amp_scale.platforms import handlers
+from jax_amp_scale.mechanisms import handlers
 path = os.environ["FAKE_PJRT"]
 out = {}
 for platform in ("ascend", "cpu", "no_such_platform"):
@@ -167,7 +167,7 @@ def test_a_library_jax_did_not_load_for_the_platform_is_refused(fake_plugin):
     for platform in ("ascend", "cpu", "no_such_platform"):
         msg = out[platform]
         assert f"JAX has not loaded a PJRT plugin for {platform!r}" in msg, msg
-        assert "pjrt.register_in_api" in msg and str(fake_plugin) in msg
+        assert "register_in_api" in msg and str(fake_plugin) in msg
     assert out["log"] == []  # the plugin was never asked
     assert not {"ascend", "no_such_platform"} & set(out["platforms"])
 
@@ -212,7 +212,7 @@ _REAL = """
 import json, os
 import jax
 from jax_amp_scale import plugin, _native_cpu, _native_plugin
-from jax_amp_scale.platforms import handlers, pjrt
+from jax_amp_scale.mechanisms import handlers
 path = os.environ["CUDA_PLUGIN"]
 out = {}
 api = _native_plugin.api_from_library(path)
@@ -222,11 +222,11 @@ try:  # the CUDA plugin's library for "ascend": refused
 except plugin.PluginRegistrationError as e:
     out["refused"] = str(e)
 # A real plugin binary used as a double on a platform JAX does not run.
-out["route"] = pjrt.register_in_api(api, "ascend")
-out["again"] = pjrt.register_in_api(api, "ascend")
+out["route"] = plugin.register_in_api(api, "ascend")
+out["again"] = plugin.register_in_api(api, "ascend")
 out["platforms"] = sorted(handlers.platforms('update_scale'))
 try:
-    pjrt.register_in_api(api, "ascend",
+    plugin.register_in_api(api, "ascend",
                          handler=_native_cpu.registrations()["jas_update_scale_v2"])
 except plugin.PluginRegistrationError as e:
     out["conflict"] = str(e)
@@ -235,7 +235,7 @@ except plugin.PluginRegistrationError as e:
 from jax._src import xla_bridge as xb
 xb._discover_and_register_pjrt_plugins()
 out["jax_loaded_same_api"] = (
-    pjrt.loaded_plugin_api("cuda") == api
+    handlers.loaded_plugin_api("cuda") == api
 )
 out["loaded_route"] = plugin.register(
     platform="cuda", registry_platform="ascend_via_cuda_test",
@@ -274,7 +274,7 @@ def test_automatic_registration_at_the_first_trace_on_a_running_plugin():
         import jax
         import jax_amp_scale as jas
         from jax_amp_scale import plugin
-        from jax_amp_scale.platforms import handlers
+        from jax_amp_scale.mechanisms import handlers
         before = plugin.registrations()  # importing registers nothing
         # JAX_PLATFORMS=cpu keeps JAX from running CUDA on this GPU-less
         # machine; report the discovered plugin as running so that the first
@@ -284,7 +284,7 @@ def test_automatic_registration_at_the_first_trace_on_a_running_plugin():
         jax.jit(lambda s: jas.update_scale(s, False))(jas.init_scale_state())
         print(json.dumps({"before": before, "routes": plugin.registrations(),
                           "platforms": sorted(handlers.platforms("update_scale")),
-                          "errors": handlers.load_errors()}))
+                          "errors": dict(handlers.LOAD_ERRORS)}))
         """,
         JAX_PLATFORMS="cpu",
         JAX_AMP_SCALE_PLUGIN_PLATFORMS="cuda",
@@ -306,7 +306,7 @@ def test_jax_ffi_route_when_the_plugin_python_side_forwards():
         xla_client.register_custom_call_handler(
             "FORWARDING_TEST", lambda name, fn, *rest, **kw: seen.append(name))
         from jax_amp_scale import plugin
-        from jax_amp_scale.platforms import handlers
+        from jax_amp_scale.mechanisms import handlers
         route = plugin.register(platform="forwarding_test", registry_platform="FORWARDING_TEST")
         again = plugin.register(platform="forwarding_test", registry_platform="FORWARDING_TEST")
         print(json.dumps({"route": route, "again": again, "seen": seen,
@@ -327,11 +327,11 @@ def test_failed_automatic_registration_is_kept_not_raised():
         sys.modules["jax_amp_scale._native_cuda"] = None  # as where it was not built
         import jax, jax.numpy as jnp
         import jax_amp_scale as jas
-        from jax_amp_scale.platforms import handlers
+        from jax_amp_scale.mechanisms import handlers
         devices = jax.devices
         jax.devices = lambda backend=None: ["gpu0"] if backend == "cuda" else devices(backend)
         state = jax.jit(lambda s: jas.update_scale(s, True))(jas.init_scale_state(8.0))
-        print(json.dumps({"scale": float(state.scale), "errors": handlers.load_errors()}))
+        print(json.dumps({"scale": float(state.scale), "errors": dict(handlers.LOAD_ERRORS)}))
         """,
         JAX_PLATFORMS="cpu",
         JAX_AMP_SCALE_PLUGIN_PLATFORMS="cuda",

@@ -168,7 +168,7 @@ def test_whole_names_are_path_components():
     # haiku's module paths are split at "/"
     c = dtypes(jas.get_policy("O2").cast_to_compute({"mlp/~/layer_norm": {"scale": jnp.ones(2)}}))
     assert c["mlp/~/layer_norm"]["scale"] == F32
-    from jax_amp_scale.training.policy import path_names
+    from jax_amp_scale.policy import path_names
 
     path = jax.tree_util.tree_flatten_with_path({"a/~/b": [{"c": 1}]})[0][0][0]
     assert path_names(path) == ["a", "b", "0", "c"]

@@ -2,7 +2,7 @@
 
 One source for each fact: the jaxlib the build pins is the oldest the
 package accepts and the one whose FFI API version the modules carry
-(tests/test_installed_wheel.py checks the stamp itself); the Python
+(tests/public/test_installed_wheel.py checks the stamp itself); the Python
 versions the classifiers name are the wheels tools/build_wheel.py builds;
 the extras hold what the examples and the docs build import.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from tests.test_installed_wheel import OLDEST_JAXLIB
+from tests.public.test_installed_wheel import OLDEST_JAXLIB
 
 tomllib = pytest.importorskip("tomllib")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
 

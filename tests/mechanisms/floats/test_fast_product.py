@@ -1,6 +1,6 @@
 """The power-of-two fast path of scale * factor equals the exact integer product.
 
-`product.mul_by_factor` takes exponent arithmetic (a few integer ops, fast
+`floats.torch_product` takes exponent arithmetic (a few integer ops, fast
 to compile) when the static factor is a power of two, and the exact 77-bit
 integer product otherwise (``fast=False``: always).  Compared bit for
 bit with the exact path over every float16 and bfloat16 bit pattern and a
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from jax import export
 
-from jax_amp_scale.reference import floats, product
+from jax_amp_scale.mechanisms import floats
 
 POW2 = [2.0, 0.5, 4.0, 0.25, 2.0**-10, 2.0**24, 2.0**-149, 2.0**200, 2.0**-1074, 2.0**1023]
 # Beyond the usual: products under float32's normal range, past its max, and
@@ -32,7 +32,11 @@ NP_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes
 @functools.cache
 def kernel(dtype_name, factor, path):
     dtype = DTYPES[dtype_name]
-    return jax.jit(lambda b: product.mul_by_factor(b, dtype, factor, fast=path == "dispatch"))
+    return jax.jit(
+        lambda b: (floats.torch_product if path == "dispatch" else floats.limb_product)(
+            b, dtype, factor
+        )
+    )
 
 
 def all_bits_16():
@@ -114,7 +118,7 @@ def test_product_eager_vmapped_and_exported_for_several_platforms():
         want = (bits.view(np.float32).astype(np.float64) * 1.1).astype(np.float32).view(np.uint32)
 
     def fn(b):
-        return product.mul_by_factor(b, jnp.float32, 1.1)
+        return floats.torch_product(b, jnp.float32, 1.1)
 
     np.testing.assert_array_equal(np.asarray(fn(jnp.asarray(bits))), want)
     batched = jax.vmap(jax.jit(fn))(jnp.asarray(bits).reshape(2, 3))

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jax_amp_scale.platforms import ascend as _ascend
+from jax_amp_scale.mechanisms import handlers
 from tests import ascend_harness
 from tests.cann_double import control
 
@@ -29,10 +29,10 @@ def _forget():
 
 _SCRIPT = """
 import json
-from jax_amp_scale.platforms import ascend as _ascend
+from jax_amp_scale.mechanisms import handlers
 try:
-    print(json.dumps({"ok": _ascend.load_cann()}))
-except _ascend.CannLoadError as e:
+    print(json.dumps({"ok": handlers.load_cann()}))
+except handlers.CannLoadError as e:
     print(json.dumps({"error": str(e)}))
 """
 
@@ -49,7 +49,7 @@ def _load_in_subprocess(monkeypatch, **env):
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     if "error" in result:
-        raise _ascend.CannLoadError(result["error"])
+        raise handlers.CannLoadError(result["error"])
     return result["ok"]
 
 
@@ -112,7 +112,7 @@ def test_mixed_installation_is_refused(double, monkeypatch):
     # Descriptors made by A's libnnopbase.so must never reach B's operator.
     control.use(monkeypatch, double, "full")
     path = str(double.root / "full2" / "libopapi_math.so")
-    with pytest.raises(_ascend.CannLoadError) as info:
+    with pytest.raises(handlers.CannLoadError) as info:
         _load_in_subprocess(monkeypatch, JAX_AMP_SCALE_CANN_OPAPI=path)
     msg = str(info.value)
     assert "mixed CANN installation" in msg
@@ -122,8 +122,8 @@ def test_mixed_installation_is_refused(double, monkeypatch):
 
 _MAPS = """
 import json
-from jax_amp_scale.platforms import ascend as _ascend
-_ascend.load_cann()
+from jax_amp_scale.mechanisms import handlers
+handlers.load_cann()
 maps = open("/proc/self/maps").read()
 print(json.dumps(sorted({l.split()[-1] for l in maps.splitlines() if "libnnopbase" in l})))
 """
@@ -146,7 +146,7 @@ def test_fused_pass_missing_is_reported_not_fatal(double, monkeypatch):
 def test_override_without_the_symbols_names_them(double, monkeypatch):
     control.use(monkeypatch, double, "full")
     path = str(double.root / "no_op" / "libopapi_math.so")
-    with pytest.raises(_ascend.CannLoadError) as info:
+    with pytest.raises(handlers.CannLoadError) as info:
         _load_in_subprocess(monkeypatch, JAX_AMP_SCALE_CANN_OPAPI=path)
     msg = str(info.value)
     assert path in msg and "JAX_AMP_SCALE_CANN_OPAPI is set" in msg
@@ -157,7 +157,7 @@ def test_absent_libraries_list_every_path_searched(double, monkeypatch):
     control.use(monkeypatch, double, "missing")
     monkeypatch.setenv("ASCEND_TOOLKIT_HOME", "/nonexistent/toolkit")
     home = double.home("missing")
-    with pytest.raises(_ascend.CannLoadError) as info:
+    with pytest.raises(handlers.CannLoadError) as info:
         _load_in_subprocess(monkeypatch)
     msg = str(info.value)
     for path in (
@@ -183,7 +183,7 @@ def test_absent_libraries_list_every_path_searched(double, monkeypatch):
 def test_nothing_set_and_nothing_installed(monkeypatch):
     for var in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "JAX_AMP_SCALE_CANN_OPAPI"):
         monkeypatch.delenv(var, raising=False)
-    with pytest.raises(_ascend.CannLoadError, match="aclnnAmpUpdateScale not found; searched:"):
+    with pytest.raises(handlers.CannLoadError, match="aclnnAmpUpdateScale not found; searched:"):
         _load_in_subprocess(monkeypatch)
 
 
@@ -191,7 +191,7 @@ def test_import_needs_no_cann():
     # The package and the Ascend module import without CANN; only a call loads it.
     import jax_amp_scale._native_ascend as mod
 
-    # The versioned targets, and nothing else (tests/test_native_modules.py).
+    # The versioned targets, and nothing else (tests/mechanisms/handlers/test_native_modules.py).
     assert set(mod.registrations()) == {mod.UPDATE_SCALE_TARGET, mod.UNSCALE_AND_CHECK_TARGET}
 
 

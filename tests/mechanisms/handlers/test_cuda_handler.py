@@ -19,7 +19,7 @@ import pytest
 
 from jax_amp_scale import amp_update_scale
 from jax_amp_scale import unscale_and_check as jas_unscale_and_check
-from jax_amp_scale.platforms import handlers
+from jax_amp_scale.mechanisms import handlers
 
 BUILT = importlib.util.find_spec("jax_amp_scale._native_cuda") is not None
 
@@ -45,8 +45,8 @@ def test_import_without_cuda_module_still_works():
     script = (
         "import sys, json; sys.modules['jax_amp_scale._native_cuda'] = None\n"
         "import jax_amp_scale\n"
-        "from jax_amp_scale.platforms import handlers\n"
-        "print(json.dumps([sorted(handlers.platforms('update_scale')), handlers.load_errors()]))"
+        "from jax_amp_scale.mechanisms import handlers\n"
+        "print(json.dumps([sorted(handlers.platforms('update_scale')), dict(handlers.LOAD_ERRORS)]))"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     platforms, errors = json.loads(out.stdout.strip().splitlines()[-1])

@@ -35,7 +35,7 @@ import numpy as np
 import jax, jax.numpy as jnp
 with warnings.catch_warnings(record=True) as caught:
     import jax_amp_scale as jas
-    from jax_amp_scale.platforms import handlers
+    from jax_amp_scale.mechanisms import handlers
     imported = [str(w.message) for w in caught]
     state = jas.init_scale_state(init_scale=2.0**16, growth_interval=1)
     grads = {"w": jnp.array([1.0, 2.0]), "b": jnp.array([jnp.inf])}
@@ -62,7 +62,7 @@ print(json.dumps({
     "scales": out,
     "reference": float(ref_state.scale),
     "ffi": ffi,
-    "load_errors": handlers.load_errors(),
+    "load_errors": dict(handlers.LOAD_ERRORS),
 }))
 """
 
@@ -108,7 +108,7 @@ def test_disable_switch_uses_the_reference_silently():
 
 
 def test_switch_off_keeps_the_native_path():
-    from jax_amp_scale.platforms import handlers
+    from jax_amp_scale.mechanisms import handlers
 
     if "cpu" not in handlers.platforms("update_scale"):
         pytest.skip("no native CPU module in this process")

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from jax_amp_scale.platforms import handlers
+from jax_amp_scale.mechanisms import handlers
 
 # The module attributes naming the targets each module hands out a capsule
 # for: exactly those, under their versioned names (ffi/targets.h).
@@ -57,7 +57,7 @@ def test_importing_the_package_loads_no_native_module():
     # modules load, and register with XLA, at first use.
     code = (
         "import sys, jax_amp_scale, jax_amp_scale.optax, jax_amp_scale.export\n"
-        "from jax_amp_scale.platforms import handlers\n"
+        "from jax_amp_scale.mechanisms import handlers\n"
         "print(sorted(m for m in sys.modules if m.startswith('jax_amp_scale._native')),"
         " sorted(handlers.registered_platforms('update_scale')))\n"
     )

@@ -17,9 +17,9 @@ import optax
 import pytest
 
 import jax_amp_scale as jas
-from jax_amp_scale.ops import operators as host_report
+from jax_amp_scale.mechanisms import handlers
+from jax_amp_scale.operators.host_report import host_report
 from jax_amp_scale.optax import loss_scaled
-from jax_amp_scale.platforms import handlers
 
 # JAX raises a failed call as JaxRuntimeError, or as ValueError from its C++
 # dispatch path (a cached jit call that ran inline).
@@ -53,7 +53,7 @@ def test_runs_the_function_only_on_flagged_calls_with_its_values():
 
     @jax.jit
     def f(flag, x, n):
-        return host_report.report(rec, flag, x, n)
+        return host_report(rec, flag, x, n)
 
     out = f(jnp.bool_(False), jnp.float32(2.5), jnp.int32(7))
     assert not bool(out) and rec.calls == []
@@ -64,7 +64,7 @@ def test_runs_the_function_only_on_flagged_calls_with_its_values():
     assert flag.dtype == np.bool_ and flag.tolist() == [True]
     assert x.tolist() == [2.5] and n.tolist() == [7]  # flat, one element each
     # float16 values arrive widened to float32 (exactly), bool as bool.
-    f16 = jax.jit(lambda: host_report.report(rec, True, jnp.float16(0.1), jnp.bool_(True)))
+    f16 = jax.jit(lambda: host_report(rec, True, jnp.float16(0.1), jnp.bool_(True)))
     jax.block_until_ready(f16())
     assert rec.calls[-1][1].tolist() == [float(np.float16(0.1))]
     assert rec.calls[-1][2].tolist() == [True]
@@ -73,7 +73,7 @@ def test_runs_the_function_only_on_flagged_calls_with_its_values():
 @needs_native
 def test_under_vmap_one_call_sees_every_lane():
     rec = Recorder()
-    f = jax.jit(jax.vmap(lambda flag, x: host_report.report(rec, flag, x)))
+    f = jax.jit(jax.vmap(lambda flag, x: host_report(rec, flag, x)))
     out = jax.block_until_ready(f(jnp.array([False, True, False]), jnp.arange(3.0)))
     np.testing.assert_array_equal(out, [False, True, False])
     assert len(rec.calls) == 1
@@ -88,7 +88,7 @@ def test_an_exception_becomes_the_steps_error_with_its_message():
     def fails(*_: np.ndarray) -> None:
         raise ZeroDivisionError("the report's own message")
 
-    f = jax.jit(lambda flag: host_report.report(fails, flag))
+    f = jax.jit(lambda flag: host_report(fails, flag))
     jax.block_until_ready(f(jnp.bool_(False)))  # not flagged: nothing raised
     with pytest.raises(FAILED, match="ZeroDivisionError: the report's own message"):
         jax.block_until_ready(f(jnp.bool_(True)))
@@ -143,7 +143,7 @@ def test_the_callback_route_makes_no_host_call_on_an_unflagged_step():
     branch taken only when the flag has a true element (no device-to-host
     trip on the other steps)."""
     rec = Recorder()
-    f = lambda flag, x: host_report.report(rec, flag, x, backend="reference")  # noqa: E731
+    f = lambda flag, x: host_report(rec, flag, x, backend="reference")  # noqa: E731
     hlo = _hlo(f, jnp.bool_(False), jnp.float32(1))
     entry = hlo[hlo.index("ENTRY") :].split("\n}\n")[0]
     assert CALLBACK in hlo and CALLBACK not in entry and " conditional(" in entry

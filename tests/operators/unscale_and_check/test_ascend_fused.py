@@ -22,8 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_amp_scale.lowering.ffi_calls import cann_one_call
-from jax_amp_scale.reference.gradient_pass import reference_pass
+from jax_amp_scale.operators.unscale_and_check import cann_one_call, reference_pass
 from tests import ascend_harness
 from tests.jax_compat import enable_x64
 
@@ -206,12 +205,12 @@ def test_the_double_refuses_what_the_tiling_refuses(double):
 def test_a_subnormal_inverse_goes_to_the_operator_as_torch_npu_passes_it(cann, scale, dtype):
     # Above 2**126 the inverse is a float32 subnormal (torch's and
     # torch_npu's ``1 / float64(scale)``, built by its bits in
-    # reference/inverse.py): the lowering hands those bits to invScale
+    # mechanisms/floats.py): the lowering hands those bits to invScale
     # unchanged.  The double multiplies in IEEE's default mode, as the
     # device kernel sees its operand; its results equal the reference's
     # wherever they are float32 normal numbers (float16 results underflow
     # to zero in both).
-    from jax_amp_scale.reference.inverse import inverse_scale
+    from jax_amp_scale.mechanisms.floats import inverse_scale
 
     rng = np.random.default_rng(3)
     big = dtype != jnp.float16

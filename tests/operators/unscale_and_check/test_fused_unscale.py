@@ -10,8 +10,8 @@ from jax import export
 from jax.sharding import PartitionSpec
 
 import jax_amp_scale as jas
-from jax_amp_scale.lowering import ffi_calls as _fused
-from jax_amp_scale.platforms import handlers
+from jax_amp_scale.mechanisms import handlers
+from jax_amp_scale.operators import unscale_and_check as _fused
 from tests.jax_compat import BEFORE_0_7, LOWERS_EVERY_BRANCH, export_for, set_mesh
 
 pytestmark = pytest.mark.skipif(
@@ -230,7 +230,7 @@ def test_auto_uses_the_native_calls_in_a_one_device_process():
 
 def test_explicitly_sharded_leaves_run_natively_and_keep_their_type():
     # A one-device mesh with an explicit axis: the native pass's results
-    # carry the leaves' sharding (lowering/partitioning.py; eight devices:
+    # carry the leaves' sharding (operators/unscale_and_check.py, elementwise_pass; eight devices:
     # tests/multidevice/test_fused_pass_sharded.py).
     from jax.sharding import AxisType, NamedSharding
 

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import jax_amp_scale as jas
-from jax_amp_scale.ops.operators import unscale_and_check_leaves
-from jax_amp_scale.reference.inverse import inverse_factors, inverse_scale
+from jax_amp_scale.mechanisms.floats import inverse_factors, inverse_scale
+from jax_amp_scale.operators.unscale_and_check import unscale_and_check_leaves
 from tests.jax_compat import enable_x64
 
 torch = pytest.importorskip("torch")

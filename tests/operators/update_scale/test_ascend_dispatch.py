@@ -456,7 +456,7 @@ def test_workspace_is_cached_per_device(double, monkeypatch):
         capture_output=True,
         text=True,
         env=env,
-        cwd=str(Path(__file__).resolve().parent.parent),
+        cwd=str(Path(__file__).resolve().parents[3]),
         check=True,
     )
     got = json.loads(out.stdout.strip().splitlines()[-1])

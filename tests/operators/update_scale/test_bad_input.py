@@ -178,7 +178,7 @@ class TestNativeHandlerChecks:
     """The handler re-checks what it receives and returns an error, never crashes."""
 
     def _raw(self, *args, **attrs):
-        from jax_amp_scale.platforms import handlers
+        from jax_amp_scale.mechanisms import handlers
 
         # The handler registers at first use: make sure it is, and call it by
         # the name the native module defines.

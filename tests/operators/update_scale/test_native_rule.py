@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 CXX = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
 
 

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 import jax_amp_scale as jas
-from jax_amp_scale.ops import dispatch as backends
+from jax_amp_scale.mechanisms import handlers
+from jax_amp_scale.operators import update_scale as operator
 from tests._cann_rule import cann_guarded
 
 HALF = (jnp.float16, jnp.bfloat16)
@@ -110,17 +111,14 @@ def test_cann_rule_refuses_factors_not_finite_nonzero_in_float32(gf, bf):
 
 
 def test_cpu_handler_rejects_an_unknown_rule_attribute():
-    from jax_amp_scale.lowering.ffi_calls import call_native
-    from jax_amp_scale.platforms import handlers
-
-    target = handlers.target(backends.UPDATE_SCALE)
-    handlers.platforms(backends.UPDATE_SCALE)  # registers the CPU handler
+    target = handlers.target(handlers.UPDATE_SCALE)
+    handlers.platforms(handlers.UPDATE_SCALE)  # registers the CPU handler
     s = jnp.ones((1,), jnp.float32)
     t = jnp.zeros((1,), jnp.int32)
     f = jnp.zeros((1,), bool)
     with pytest.raises(Exception, match="rule must be 'torch' or 'cann', got 'fast'"):
         jax.block_until_ready(
-            call_native(
+            operator.call_native(
                 target,
                 s,
                 t,
@@ -273,12 +271,12 @@ def test_model_and_torch_agree_for_power_of_two_factors():
 
 
 def test_ascend_serves_torch_states_only_with_power_of_two_factors():
-    assert backends.cann_serves("torch", 2.0, 0.5)
-    assert backends.cann_serves("torch", 2.0**-126, 2.0**127)
-    assert not backends.cann_serves("torch", 2.0**-127, 0.5)  # float32 subnormal
-    assert not backends.cann_serves("torch", 1.1, 0.5)
-    assert not backends.cann_serves("torch", 2.0, 0.3)
-    assert backends.cann_serves("cann", 1.1, 0.3)
+    assert operator.cann_serves("torch", 2.0, 0.5)
+    assert operator.cann_serves("torch", 2.0**-126, 2.0**127)
+    assert not operator.cann_serves("torch", 2.0**-127, 0.5)  # float32 subnormal
+    assert not operator.cann_serves("torch", 1.1, 0.5)
+    assert not operator.cann_serves("torch", 2.0, 0.3)
+    assert operator.cann_serves("cann", 1.1, 0.3)
 
 
 def test_state_roundtrip_keeps_the_rule():
@@ -307,14 +305,23 @@ def test_bfloat16_subnormal_factor_products_agree():
 def test_auto_plan_on_ascend_follows_the_rule(monkeypatch, rule, gf, bf, ascend_native):
     # With a handler registered for "ascend", "auto" runs it only where the
     # operator gives the state's rule, and always with the guard after it.
-    monkeypatch.setattr(backends.handlers, "platforms", lambda op: frozenset({"cpu", "ascend"}))
-    monkeypatch.setattr(backends.handlers, "target", lambda op: "jas_update_scale")
+    monkeypatch.setattr(handlers, "platforms", lambda op: frozenset({"cpu", "ascend"}))
+    monkeypatch.setattr(handlers, "target", lambda op: "jas_update_scale")
+    plans, real_plan = [], handlers.plan
+
+    def spy(*args, **kwargs):
+        plans.append(real_plan(*args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(handlers, "plan", spy)
     x = jnp.zeros((1,), jnp.float16)
-    attrs = {"rule": rule, "growth_factor": gf, "backoff_factor": bf}
-    p = backends.plan(backends.UPDATE_SCALE, "auto", [x], attrs)
-    assert ("ascend" in p.platforms) == ascend_native
-    assert p.cann_platforms == frozenset({"ascend"})
-    strict = backends.plan(backends.UPDATE_SCALE, "ffi", [x], attrs)
+    t, f = jnp.zeros((1,), jnp.int32), jnp.zeros((1,), bool)
+    attrs = {"rule": rule, "growth_factor": gf, "backoff_factor": bf, "growth_interval": 3}
+    for backend in ("auto", "ffi"):  # the plan is taken at trace time
+        jax.eval_shape(lambda *a, b=backend: operator.update_scale_checked(*a, attrs, b), x, t, f)
+    auto, strict = plans
+    assert ("ascend" in auto.platforms) == ascend_native
+    assert auto.cann_platforms == frozenset({"ascend"})
     assert "ascend" in strict.platforms  # the handler itself refuses a torch state it cannot serve
 
 

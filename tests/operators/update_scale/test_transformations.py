@@ -244,7 +244,7 @@ def _branches(calls):
 
 
 def _on(native_on, calls):
-    from jax_amp_scale.lowering.custom_call import per_platform
+    from jax_amp_scale.mechanisms.custom_call import per_platform
 
     native, other = _branches(calls)
     return lambda x, y: per_platform(native, other, x, y, native_on=native_on)
