@@ -21,7 +21,6 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from docutils import nodes
 from sphinx.domains.python import PyXRefRole
 from sphinx.util import logging
 
@@ -129,11 +128,7 @@ def _words_for_every_parameter(app, what, name, obj, options, lines) -> None:
         signature = inspect.signature(obj)
     except (TypeError, ValueError):
         return
-    wanted = [
-        p.name
-        for p in signature.parameters.values()
-        if p.name not in ("self", "cls")
-    ]
+    wanted = [p.name for p in signature.parameters.values() if p.name not in ("self", "cls")]
     documented = _documented_params(lines)
     extra = PARAMETER_WORDS.get(name, {})
     missing = []

@@ -132,10 +132,7 @@ def write(directory: pathlib.Path) -> dict[str, tuple[str, str]]:
     directory.mkdir(parents=True, exist_ok=True)
     mapping = {}
     for project, (base, names) in INVENTORIES.items():
-        lines = [
-            f"{name} {role} 1 {uri} -"
-            for name, (role, uri) in sorted(names.items())
-        ]
+        lines = [f"{name} {role} 1 {uri} -" for name, (role, uri) in sorted(names.items())]
         header = (
             "# Sphinx inventory version 2\n"
             f"# Project: {project}\n"
