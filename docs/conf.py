@@ -2,7 +2,7 @@
 
 Build (warnings are errors, as in CI)::
 
-    python -m sphinx -W --keep-going -b html docs docs/_build/html
+    python -m sphinx -n -W --keep-going -b html docs docs/_build/html
 
 The pages' ```python blocks run as tests: ``python -m pytest tests/test_docs.py``.
 """

@@ -19,9 +19,7 @@ tomllib = pytest.importorskip("tomllib")
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 FACTS = tomllib.loads((DOCS / "_facts.toml").read_text())
-PAGES = sorted(
-    [ROOT / "README.md", *(p for p in DOCS.rglob("*.md") if "_build" not in p.parts)]
-)
+PAGES = sorted([ROOT / "README.md", *(p for p in DOCS.rglob("*.md") if "_build" not in p.parts)])
 
 
 def _prose(page: Path) -> str:
@@ -77,7 +75,7 @@ def test_multisteps_inside_works():
     tx = loss_scaled(optax.MultiSteps(optax.sgd(0.1), 2))
     params = {"w": jnp.ones(2)}
     state = tx.init(params)
-    updates, state = tx.update({"w": jnp.ones(2)}, state, params)
+    _, state = tx.update({"w": jnp.ones(2)}, state, params)
     assert int(state.skipped_steps) == 0
 
 
@@ -155,9 +153,11 @@ def test_the_overflow_error_is_named_as_users_receive_it():
     bad = []
     for page in PAGES:
         for para in _paragraphs(page):
-            if "FloatingPointError" in para and FACTS["exceptions"][
-                "max_consecutive_overflows"
-            ] not in para and not re.search(r"message holds", para):
+            if (
+                "FloatingPointError" in para
+                and FACTS["exceptions"]["max_consecutive_overflows"] not in para
+                and not re.search(r"message holds", para)
+            ):
                 bad.append(f"{_where(page)}: {para[:160]}")
     assert not bad, "\n".join(bad)
 
