@@ -2,7 +2,7 @@
 
 Build (warnings are errors, as in CI)::
 
-    python -m sphinx -W --keep-going -b html docs docs/_build/html
+    python -m sphinx -n -W --keep-going -b html docs docs/_build/html
 
 The pages' ```python blocks run as tests: ``python -m pytest tests/test_docs.py``.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -20,6 +21,7 @@ sys.path.insert(0, str(HERE / "_ext"))
 # autodoc imports the package; keep JAX on the host CPU and quiet.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import local_inventories  # noqa: E402
 from public_api_coverage import PUBLIC_API_MODULES  # noqa: E402
 
 import jax_amp_scale  # noqa: E402
@@ -33,22 +35,39 @@ extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
+    "sphinx.ext.intersphinx",
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
     "docstring_style",
     "public_api_coverage",
+    "api_pages",
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "README.md", "Thumbs.db", ".DS_Store"]
-
-# bench/RESULTS.md (included whole) goes from ## to #### headings.
-suppress_warnings = ["myst.header"]
+exclude_patterns = ["_build", "README.md", "Thumbs.db", ".DS_Store", "_facts.toml"]
 
 # `name` in docstrings (single backticks) is a cross-reference when it
-# resolves, plain code when it does not.
-default_role = "py:obj"
+# resolves (also by its last component: `Trainer`), plain code when it does
+# not (a parameter name): docs/_ext/api_pages.py.
+default_role = "py:softobj"
+
+# CI builds with -n (nitpicky): every explicit cross-reference must resolve.
+nitpicky = True
+
+# jax, optax, numpy, flax and Python: the build machines cannot fetch their
+# objects.inv, so small local inventories of the names these pages use, with
+# the real URLs, are written at build time (docs/_ext/local_inventories.py).
+intersphinx_mapping = local_inventories.write(Path(tempfile.mkdtemp(prefix="jas-inv-")))
+
+# Every parameter of a documented function has words (docs/_ext/api_pages.py):
+# off until the package's docstrings give them (each function it names is a
+# docstring to complete); turn on to list them as build warnings.
+api_pages_require_parameter_words = False
+
+# External names with no entry in the local inventories: dtype defaults shown
+# as written in code (jnp.float32), whose jax page has no stable anchor.
+nitpick_ignore = [("py:class", "jax.numpy.float32")]
 
 # Markdown pages (MyST): ::: fences, definition lists, heading anchors for
 # links such as operator.md#whose-arithmetic.
@@ -59,6 +78,9 @@ myst_heading_anchors = 3
 # __init__ re-exports them, not where they are defined.
 autodoc_default_options = {"members": True, "member-order": "bysource"}
 autodoc_typehints = "description"
+# Types go beside the parameters the docstring describes (a named tuple's
+# fields, described under Attributes:, are not listed again as Parameters).
+autodoc_typehints_description_target = "documented"
 autodoc_typehints_format = "short"
 # Defaults as written in the code (jnp.float32, DEFAULT_INIT_SCALE), not their
 # repr (<class jax.numpy.float32>); the docstrings give the values.
@@ -78,7 +100,6 @@ html_theme = "furo"
 html_title = f"jax-amp-scale {release}"
 html_static_path: list[str] = []
 html_theme_options = {
-    "source_repository": "",
     "navigation_with_keys": True,
 }
 

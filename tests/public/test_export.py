@@ -88,7 +88,11 @@ def test_jax_alone_refuses_our_targets_and_the_helper_allows_exactly_them():
     with pytest.raises(ValueError, match="jas_unscale_and_check_v1"):
         jax.export.export(step)(*args).serialize()
     assert export.export(step)(*args).serialize()
-    assert set(export.exportable_targets()) == {"jas_update_scale_v2", "jas_unscale_and_check_v1"}
+    assert set(export.exportable_targets()) == {
+        "jas_update_scale_v2",
+        "jas_unscale_and_check_v1",
+        "jas_unscale_check_amax_v1",
+    }
 
 
 def test_scale_state_serializes_with_its_static_fields():

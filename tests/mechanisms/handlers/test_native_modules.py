@@ -20,7 +20,12 @@ from jax_amp_scale.mechanisms import handlers
 # The module attributes naming the targets each module hands out a capsule
 # for: exactly those, under their versioned names (ffi/targets.h).
 MODULES = {
-    "_native_cpu": {"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET", "HOST_REPORT_TARGET"},
+    "_native_cpu": {
+        "UPDATE_SCALE_TARGET",
+        "UNSCALE_AND_CHECK_TARGET",
+        "UNSCALE_CHECK_AMAX_TARGET",
+        "HOST_REPORT_TARGET",
+    },
     "_native_cuda": {"UPDATE_SCALE_TARGET"},
     "_native_ascend": {"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET"},
     "_native_plugin": None,  # the PJRT registrar hands out no capsule

@@ -1,0 +1,194 @@
+"""The facts that recur across pages say the same thing everywhere.
+
+One source, docs/_facts.toml: the platform status, the exceptions users
+catch, the optax.MultiSteps rule (inside works, around raises) and the path
+`"auto"` takes on several devices.  The facts the code decides are checked
+against the code; then README.md and every page under docs/ are checked
+against the facts.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+FACTS = tomllib.loads((DOCS / "_facts.toml").read_text())
+PAGES = sorted([ROOT / "README.md", *(p for p in DOCS.rglob("*.md") if "_build" not in p.parts)])
+
+
+def _prose(page: Path) -> str:
+    """The page without its fenced code blocks."""
+    return re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+
+
+def _paragraphs(page: Path) -> list[str]:
+    return [" ".join(p.split()) for p in re.split(r"\n\s*\n", _prose(page)) if p.strip()]
+
+
+def _where(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+# ---- the facts against the code -------------------------------------------
+
+
+def test_the_exception_facts_are_what_the_code_raises():
+    optax = pytest.importorskip("optax")
+    import jax
+    import jax.numpy as jnp
+
+    from jax_amp_scale.optax import loss_scaled
+
+    exc = FACTS["exceptions"]
+    assert exc["multisteps_around"] == "TypeError"
+    assert exc["apply_if_finite_around"] == "TypeError"
+    params = {"w": jnp.ones(2)}
+    with pytest.raises(TypeError):
+        optax.MultiSteps(loss_scaled(optax.sgd(0.1)), 2).init(params)
+    with pytest.raises(TypeError):
+        optax.apply_if_finite(loss_scaled(optax.sgd(0.1)), 3).init(params)
+
+    assert exc["max_consecutive_overflows"] == "jax.errors.JaxRuntimeError"
+    tx = loss_scaled(optax.sgd(0.1), max_consecutive_overflows=2)
+    state = tx.init(params)
+    step = jax.jit(lambda g, s: tx.update(g, s, params))
+    bad = {"w": jnp.array([jnp.inf, 1.0])}
+    with pytest.raises(jax.errors.JaxRuntimeError, match="max_consecutive_overflows=2"):
+        for _ in range(3):
+            _, state = step(bad, state)
+            jax.block_until_ready(state)
+
+
+def test_multisteps_inside_works():
+    optax = pytest.importorskip("optax")
+    import jax.numpy as jnp
+
+    from jax_amp_scale.optax import loss_scaled
+
+    assert FACTS["multisteps"]["inside_status"] == "works"
+    tx = loss_scaled(optax.MultiSteps(optax.sgd(0.1), 2))
+    params = {"w": jnp.ones(2)}
+    state = tx.init(params)
+    _, state = tx.update({"w": jnp.ones(2)}, state, params)
+    assert int(state.skipped_steps) == 0
+
+
+def test_the_native_calls_are_partitioned():
+    """Several devices: the native calls carry partitioning rules, so "auto" keeps them."""
+    assert FACTS["multi_device"]["partitioned"] is True
+    from jax_amp_scale.lowering import partitioning
+
+    assert "custom_partitioning" in Path(partitioning.__file__).read_text()
+
+
+# ---- the pages against the facts ------------------------------------------
+
+
+def test_the_support_table_is_the_facts():
+    page = (DOCS / "support.md").read_text()
+    rows = {
+        cells[0]: cells[1]
+        for line in page.splitlines()
+        if line.startswith("| ") and not line.startswith("| ---")
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    for key, platform in FACTS["platform"].items():
+        assert rows.get(platform["label"]) == platform["status"], (key, rows.get(platform["label"]))
+        assert platform["status"] in FACTS["status_words"].values(), key
+
+
+def test_platform_sentences_use_the_support_tables_words():
+    """No page says a GPU or an NPU ran what has not run there."""
+    claims = re.compile(
+        r"(tested|verified|runs|ran|measured|works) on (a |an |the )?(GPU|NPU|TPU|CUDA|Ascend)",
+        re.I,
+    )
+    negated = re.compile(r"(not|never|no|nothing|yet to be)\b[^.]{0,40}$", re.I)
+    found = []
+    for page in PAGES:
+        for para in _paragraphs(page):
+            for m in claims.finditer(para):
+                if not negated.search(para[: m.start()]):
+                    found.append(f"{_where(page)}: ...{para[max(0, m.start() - 60) : m.end()]}")
+    assert not found, "\n".join(found)
+
+
+def test_readme_and_landing_page_give_cuda_and_ascend_their_status():
+    status = FACTS["platform"]["cuda"]["status"]
+    assert status == FACTS["platform"]["ascend"]["status"]
+    for page in (ROOT / "README.md", DOCS / "index.md"):
+        text = " ".join(_prose(page).split())
+        assert status in text, _where(page)
+        assert "support" in text, f"{_where(page)} does not link the support table"
+
+
+def test_multisteps_sentences_say_inside_or_around():
+    """A sentence on MultiSteps that says it fails says 'around'; one that says
+    it works says 'inside'."""
+    fails = re.compile(r"TypeError|cannot|raises|refuse", re.I)
+    works = re.compile(r"\bworks\b|tested with", re.I)
+    bad = []
+    for page in PAGES:
+        for para in _paragraphs(page):
+            for sentence in re.split(r"(?<=[.;:])\s+(?=[A-Z`(])", para):
+                if "MultiSteps" not in sentence:
+                    continue
+                around = "around" in sentence or "MultiSteps(loss_scaled(" in sentence
+                inside = "inside" in sentence or "loss_scaled(optax.MultiSteps(" in sentence
+                if fails.search(sentence) and not (around or inside):
+                    bad.append(f"{_where(page)}: {sentence}")
+                if works.search(sentence) and not (inside or around):
+                    bad.append(f"{_where(page)}: {sentence}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_overflow_error_is_named_as_users_receive_it():
+    """FloatingPointError appears only as the text inside the JaxRuntimeError."""
+    bad = []
+    for page in PAGES:
+        for para in _paragraphs(page):
+            if (
+                "FloatingPointError" in para
+                and FACTS["exceptions"]["max_consecutive_overflows"] not in para
+                and not re.search(r"message holds", para)
+            ):
+                bad.append(f"{_where(page)}: {para[:160]}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_page_says_the_native_calls_cannot_be_partitioned():
+    bad = [
+        _where(page)
+        for page in PAGES
+        if re.search(r"cannot be\s+partitioned", page.read_text())
+        or re.search(r"auto[^.]{0,80}reference[^.]{0,40}several devices", _prose(page))
+    ]
+    assert not bad, bad
+    backends = " ".join((DOCS / "backends.md").read_text().split())
+    assert "keeps them" in backends and "custom_partitioning" in backends
+
+
+def test_the_benchmark_page_is_not_the_working_notes():
+    page = (DOCS / "bench-results.md").read_text()
+    assert "RESULTS.md" not in re.findall(r"\{include\}[^\n]*", page) and "{include}" not in page
+    assert not re.search(r"\bissue \d+", page)
+
+
+def test_readme_links_follow_project_urls():
+    """With a public address in [project.urls], README's links must be absolute
+    under it (a package index shows README without the repository's files)."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    urls = pyproject["project"].get("urls", {})
+    base = urls.get("Source") or urls.get("Repository")
+    links = re.findall(r"\]\(([^)\s]+)\)", (ROOT / "README.md").read_text())
+    relative = [x for x in links if "://" not in x and not x.startswith("#")]
+    if base:
+        assert not relative, f"README links not absolute under {base}: {relative}"
+    else:
+        assert all((ROOT / x.split("#")[0]).exists() for x in relative)
