@@ -64,7 +64,7 @@ inline bool IsCannFactor(double f) {
 
 // Whether `f` is a power of two whose float32 rounding is a normal float32:
 // then CANN's kernel plus the library's guard gives torch's bits (README,
-// tests/test_rule_choice.py), so the Ascend operator can serve Rule::kTorch.
+// tests/operators/update_scale/test_rule_choice.py), so the Ascend operator can serve Rule::kTorch.
 // The reference's twin is operators/update_scale.py's exact_on_cann.
 inline bool IsExactInFloat32PowerOfTwo(double f) {
   int e = 0;

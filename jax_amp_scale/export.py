@@ -23,6 +23,8 @@ from jax import export as jax_export
 
 from jax_amp_scale.mechanisms import custom_call, handlers
 
+__all__ = ["deserialize", "export", "exportable_targets", "register_handlers"]
+
 # The optax layer's state types register their serialization names on import:
 # a process that only deserializes then knows every library pytree.
 if importlib.util.find_spec("optax") is not None:

@@ -1,4 +1,5 @@
-"""Register the native handlers on a PJRT plugin platform (Ascend, CUDA): `register`.
+"""Register the native handlers on a PJRT plugin platform (Ascend, CUDA): `register`;
+load CANN now and see which libraries were used: `load_cann`.
 
 Without a call, the platforms named in ``$JAX_AMP_SCALE_PLUGIN_PLATFORMS``
 (default ``ascend,npu``) are registered at the library's first use
@@ -13,9 +14,16 @@ import os
 from typing import Any
 
 from jax_amp_scale.mechanisms import handlers, jax_internals
-from jax_amp_scale.mechanisms.handlers import PluginRegistrationError
+from jax_amp_scale.mechanisms.handlers import CannLoadError, PluginRegistrationError, load_cann
 
-__all__ = ["PluginRegistrationError", "register", "register_in_api", "registrations"]
+__all__ = [
+    "CannLoadError",
+    "PluginRegistrationError",
+    "load_cann",
+    "register",
+    "register_in_api",
+    "registrations",
+]
 
 
 def _check_is_loaded_plugin(platform: str, path: str, api: int) -> None:

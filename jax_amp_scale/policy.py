@@ -21,6 +21,8 @@ from jax_amp_scale.operators.update_scale import check_dtype
 from jax_amp_scale.training import scalers
 from jax_amp_scale.training.scaling import key_name
 
+__all__ = ["LEVELS", "Policy", "get_policy", "scaler_for"]
+
 PyTree = Any
 KeepRule = str | Callable[[str, Any], bool]
 

@@ -431,7 +431,7 @@ def inverse_factors(inv: Any) -> tuple[jax.Array, jax.Array]:
     p = jnp.where(subnormal, jnp.float32(2.0**-SUBNORMAL_SHIFT), jnp.float32(1.0))
     # XLA may not fold m * p back into one (subnormal, flushed) constant when
     # the scale is a compile-time constant: the barrier keeps the two
-    # products apart (tests/test_inverse_scale.py pins it).
+    # products apart (tests/operators/unscale_and_check/test_inverse_scale.py pins it).
     return lax.optimization_barrier((m, p))  # type: ignore[no-any-return]
 
 

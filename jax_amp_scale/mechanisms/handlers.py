@@ -24,7 +24,7 @@ or ``JAX_AMP_SCALE_DISABLE_NATIVE=1``) the package still imports and works:
 no platform has a native handler, so ``backend="auto"`` runs the pure-JAX
 reference everywhere (the same bits) and ``backend="ffi"`` raises an error
 saying why.  A module that fails to load is reported once, as a
-`RuntimeWarning` at first use, and kept in `load_errors`.
+`RuntimeWarning` at first use, and kept in `LOAD_ERRORS`.
 """
 
 from __future__ import annotations

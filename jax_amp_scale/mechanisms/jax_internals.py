@@ -1,6 +1,6 @@
 """Where the library reads JAX internals, isolated here.
 
-Registering a handler on a PJRT plugin platform (`platforms.pjrt.register`)
+Registering a handler on a PJRT plugin platform (`handlers.register_plugin`)
 needs two facts JAX has no public API for:
 
 1. **The PJRT C API of the plugin JAX loaded for a platform** (its

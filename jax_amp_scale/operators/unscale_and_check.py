@@ -73,7 +73,7 @@ def reference_pass(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, 
     # its unscaled value: the shape a multi-output fusion (XLA:GPU) turns into
     # one pass.  XLA:CPU never fuses a reduction with its producer: there each
     # leaf costs one kernel writing the unscaled leaf and one writing a 1-byte
-    # finiteness mask (then a vectorized reduction); tests/test_scaling.py
+    # finiteness mask (then a vectorized reduction); tests/training/scaling/test_scaling.py
     # pins that structure.
     outs = [unscale_leaf(x, inv) for x in leaves]
     finite = jnp.all(jnp.stack([leaf_finite(u) for u in outs]))

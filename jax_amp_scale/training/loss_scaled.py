@@ -201,7 +201,7 @@ def describe(scaler: Any) -> str:
 # Two optax wrappers around loss_scaled break it with no sign in their state or
 # calls: only the caller of init tells them apart (their init calls the wrapped
 # one in every optax from 0.2.4, the oldest supported, to 0.2.8;
-# tests/test_accumulate_and_guards.py checks both against the installed optax).
+# tests/training/loss_scaled/test_accumulate_and_guards.py checks both against the installed optax).
 WRAPPER_ERRORS = {
     "optax.MultiSteps": "loss_scaled(...) inside optax.MultiSteps: MultiSteps keeps its "
     "accumulator as (1 - emit) * acc, so one overflowing micro-batch leaves a NaN in it for "

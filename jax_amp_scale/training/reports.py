@@ -1,5 +1,5 @@
 """The host side of `loss_scaled`'s reports: warnings and the runaway error,
-each run from inside a jitted step (`jax_amp_scale.ops.operators.report`) with NumPy
+each run from inside a jitted step (`jax_amp_scale.operators.host_report`) with NumPy
 arrays (every member's value under ``vmap`` or on several devices)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The scripts in examples/: each runs to the end and passes its own checks.
 
-The slow tier runs every example as a user would (``python examples/X.py``,
+The slow tier runs every example as a user would (``python examples/<name>.py``,
 in a subprocess, with settings small enough for a 2-core machine); each
 example checks its own claim and exits non-zero when it fails.  The fast
 tier runs the transformer example's training loop for two steps in-process.

@@ -17,8 +17,13 @@ NAMED = re.compile(r"`([\w./]+\.(?:py|h|cc|cu))::(\w+)`")
 
 
 def _python_names(path: pathlib.Path) -> set[str]:
+    """Module-level functions, classes and assigned names (constants)."""
     tree = ast.parse(path.read_text())
-    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    for n in tree.body:
+        targets = n.targets if isinstance(n, ast.Assign) else [getattr(n, "target", None)]
+        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
 
 
 def _cpp_defines(text: str, name: str) -> bool:

@@ -18,13 +18,13 @@ from jax_amp_scale.optax import loss_scaled, optimizer_step
 @pytest.mark.parametrize("loss", [1.0, 3, [1.0, jnp.float32(2.0)]])
 def test_scale_loss_refuses_a_python_number(loss):
     # torch's GradScaler.scale(1.0) raises; this returned 1.0, unscaled.
-    with pytest.raises(TypeError, match="must be a JAX array.*jas.scale_loss"):
+    with pytest.raises(TypeError, match=r"must be a JAX array.*jas\.scale_loss"):
         jas.scale_loss(loss, jas.init_scale_state())
 
 
 def test_scale_loss_names_any_pytree_with_one_scale_state():
     params = {"w": jnp.ones(2)}
-    with pytest.raises(TypeError, match="any pytree holding exactly one ScaleState.*holding 0"):
+    with pytest.raises(TypeError, match=r"any pytree holding exactly one ScaleState.*holding 0"):
         jas.scale_loss(jnp.float32(1.0), optax.adam(1e-3).init(params))
     # ... and such a pytree works: a chain's state with one loss_scaled.
     state = optax.chain(optax.clip(1.0), loss_scaled(optax.sgd(0.1))).init(params)

@@ -1,7 +1,7 @@
 """The host report: a Python function run from inside a jitted step.
 
 On CPU it is the native custom call ``jas_host_report_v1``
-(ffi/host_report_cpu.cc), so a step that reports keeps JAX's fast dispatch
+(ffi/host_report.cc), so a step that reports keeps JAX's fast dispatch
 path (a ``jax.debug.callback`` anywhere in a program sends every call of it
 through JAX's synchronous Python path: bench/probe_step_overhead.py).
 """
@@ -123,7 +123,7 @@ def test_loss_scaled_reports_without_a_host_callback_on_cpu():
     hlo = _hlo(tx.update, p, tx.init(p), p)
     assert TARGET in hlo and CALLBACK not in hlo
     # max_consecutive_overflows' error takes the callback (one exception type
-    # whatever JAX's dispatch path: tests/test_errors.py).
+    # whatever JAX's dispatch path: tests/training/loss_scaled/test_accumulate_and_guards.py).
     tx = loss_scaled(optax.adam(1e-3), max_consecutive_overflows=5)
     hlo = _hlo(tx.update, p, tx.init(p), p)
     assert CALLBACK in hlo
