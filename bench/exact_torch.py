@@ -33,19 +33,14 @@ is known; anything else is *unexplained* and listed:
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
+import _harness
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _harness
 
 import jax_amp_scale as jas
 
@@ -81,14 +76,6 @@ class Tally:
     @property
     def unexplained(self) -> int:
         return sum(n for k, n in self.classes.items() if k not in EXPLAINED)
-
-
-def torch_device():
-    """torch's device matching JAX's default backend (an error if it has none)."""
-    device = _harness.torch_device()
-    if device is None:
-        raise SystemExit(f"JAX runs on {jax.default_backend()}: torch has no device there")
-    return device
 
 
 def bits(x: np.ndarray) -> np.ndarray:
@@ -288,8 +275,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     scales = POW2_SCALES + OTHER_SCALES
     if args.tiny:
         scales = [2.0**15, 2.0**127, 1.7 * 2.0**127, 0.375]
-    device = torch_device()
     import torch
+
+    if (device := _harness.torch_device()) is None:
+        raise SystemExit(f"JAX runs on {jax.default_backend()}: torch has no device there")
 
     upd = update_scale_check(device, args.states, args.random_factors)
     grad = pass_check(device, args.grads, scales)

@@ -27,10 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+import _harness
 
-import _harness  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 WORKLOADS = {
     "step": "bench_step.py",
@@ -79,7 +78,7 @@ def _row(t: _harness.Table, prefix: str) -> _harness.Row | None:
 
 
 def _vs_torch_lines(t: _harness.Table, ours: _harness.Row, n: str) -> list[str]:
-    """Issue 15: <= 1.0x torch's fused op, and within 10% of the bandwidth limit."""
+    """The gradient pass: <= 1.0x torch's fused op, within 10% of the bandwidth limit."""
     lines = []
     dtype = t.title.split(" over ")[0].split()[-1]
     torch = _row(t, "torch fused")
@@ -121,8 +120,8 @@ def _vs_torch_lines(t: _harness.Table, ours: _harness.Row, n: str) -> list[str]:
 
 
 def _floor_lines(t: _harness.Table, what: str) -> list[str]:
-    """Issue 33: the default step within 1% of the hand-written exact skip;
-    torch's GradScaler step against torch's plain step, for scale."""
+    """The default step within 1% of the hand-written exact skip; the host
+    reports' cost; torch's GradScaler step against torch's plain step."""
     lines = []
     ours, floor = _row(t, "ours loss_scaled[auto]"), _row(t, "hand-written exact skip")
     if ours is not None and floor is not None and ours.ratios and floor.ratios:
@@ -149,7 +148,7 @@ def _floor_lines(t: _harness.Table, what: str) -> list[str]:
 
 
 def targets(tables: list[_harness.Table]) -> list[str]:
-    """One line per issue target: met or missed, with the numbers."""
+    """One line per target: met or missed, with the numbers."""
     lines = []
     for t in tables:
         if t.workload == "1. Step overhead":
@@ -213,32 +212,6 @@ def targets(tables: list[_harness.Table]) -> list[str]:
     return lines
 
 
-def load_runs(path: Path) -> dict[str, dict]:
-    """The per-workload results of an earlier run_all (results.json)."""
-    with open(path) as f:
-        data = json.load(f)
-    if "runs" in data:
-        return data["runs"]
-    # first format: one command, a flat table list; workload N is table "N. ..."
-    numbered = {str(i + 1): w for i, w in enumerate(WORKLOADS)}
-    runs: dict[str, dict] = {}
-    for t in data["tables"]:
-        w = numbered[t["workload"].split(".")[0]]
-        cmd = next((c for c in data["commands"] if WORKLOADS[w] in c), "?")
-        run = runs.setdefault(
-            w,
-            {
-                "command": cmd,
-                "via": data["command"],
-                "wall_s": math.nan,
-                "machine": data["machine"],
-                "tables": [],
-            },
-        )
-        run["tables"].append(t)
-    return runs
-
-
 def write_markdown(path: Path, header: str, body: str) -> None:
     generated = f"{BEGIN}\n{header}\n{body}{END}\n"
     if path.exists():
@@ -246,7 +219,7 @@ def write_markdown(path: Path, header: str, body: str) -> None:
         if BEGIN in old and END in old:
             pre, rest = old.split(BEGIN, 1)
             _, post = rest.split(END, 1)
-            path.write_text(pre + generated + post.lstrip("\n"))
+            path.write_text(pre + generated + "\n" + post.lstrip("\n"))
             return
     path.write_text("# Benchmark results\n\n" + generated)
 
@@ -338,26 +311,10 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="tiny sizes (smoke)")
     ap.add_argument("--only", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
-    ap.add_argument("--out", default=str(HERE), help="folder for RESULTS.md and results.png")
-    ap.add_argument(
-        "--args",
-        action="append",
-        default=[],
-        metavar="WORKLOAD=ARGS",
-        help="extra arguments for one workload, e.g. --args 'step=--reps 20'",
-    )
-    ap.add_argument(
-        "--timeout-s",
-        type=float,
-        default=None,
-        help="stop each workload after this many seconds, keeping the tables it finished "
-        "(exit status 3 when one was stopped)",
-    )
-    ap.add_argument(
-        "--render",
-        action="store_true",
-        help="run nothing: rewrite RESULTS.md and the plot from --out's results.json",
-    )
+    ap.add_argument("--out", default=str(HERE), help="folder for RESULTS.md and the plots")
+    ap.add_argument("--args", action="append", default=[], metavar="WORKLOAD=ARGS")
+    ap.add_argument("--timeout-s", type=float, help="per workload; exit status 3 if one is cut")
+    ap.add_argument("--render", action="store_true", help="run nothing: render results.json")
     args = ap.parse_args(argv)
     extra = {w: (["--tiny"] if args.tiny else []) for w in WORKLOADS}
     for spec in args.args:
@@ -367,71 +324,52 @@ def main(argv: list[str] | None = None) -> None:
         extra[w] += shlex.split(rest)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-
-    t0 = time.perf_counter()
-    # workload -> {"command", "wall_s", "machine", "tables"}; with --only, the
-    # other workloads' last results (results.json) are kept.
+    # workload -> its run; with --only, the others' last results are kept.
     runs: dict[str, dict] = {}
-    me = ["python", "bench/run_all.py", *(argv if argv is not None else sys.argv[1:])]
+    me = shlex.join(["python", "bench/run_all.py", *(sys.argv[1:] if argv is None else argv)])
     if args.render or (set(args.only) != set(WORKLOADS) and (out / "results.json").exists()):
-        runs = load_runs(out / "results.json")
+        with open(out / "results.json") as f:
+            runs = json.load(f)["runs"]
     with tempfile.TemporaryDirectory() as tmp:
         for w in [] if args.render else args.only:
             res = run_workload(WORKLOADS[w], extra[w], Path(tmp) / f"{w}.json", args.timeout_s)
-            runs[w] = {
-                "cut": res["cut"],
-                "command": shlex.join(["python", f"bench/{WORKLOADS[w]}", *extra[w]]),
-                "via": shlex.join(me),
-                "wall_s": res["wall_s"],
-                "machine": res["machine"],
-                "tables": res["tables"],
-                "sections": res.get("sections", []),
-            }
-    total = time.perf_counter() - t0
+            command = shlex.join(["python", f"bench/{WORKLOADS[w]}", *extra[w]])
+            keep = ("cut", "wall_s", "machine", "tables")
+            runs[w] = {"command": command, "via": me, "sections": res.get("sections", [])}
+            runs[w] |= {k: res[k] for k in keep}
     order = [w for w in WORKLOADS if w in runs]
     tables = [_harness.Table.from_json(t) for w in order for t in runs[w]["tables"]]
     sections = [s for w in order for s in runs[w].get("sections", [])]
     machine = max((runs[w]["machine"] for w in order), key=lambda m: m.get("date (UTC)", ""))
-
-    header = "\n".join(
-        [
-            "## Run",
-            "",
-            "Each workload ran in its own process:",
-            "",
-            *[
-                f"- `{runs[w]['command']}` ("
-                + (f"{runs[w]['wall_s']:.0f} s, " if math.isfinite(runs[w]["wall_s"]) else "")
-                + f"{runs[w]['machine'].get('date (UTC)', '?')} UTC, via `{runs[w]['via']}`)"
-                + (f": **{runs[w]['cut']}**" if runs[w].get("cut") else "")
-                for w in order
-            ],
-            "",
+    ran = []
+    for w in order:
+        r = runs[w]
+        wall = f"{r['wall_s']:.0f} s, " if math.isfinite(r["wall_s"]) else ""
+        cut = f": **{r['cut']}**" if r.get("cut") else ""
+        when = r["machine"].get("date (UTC)", "?")
+        ran.append(f"- `{r['command']}` ({wall}{when} UTC, via `{r['via']}`){cut}")
+    verdicts = [
+        f"- {s['title']}: 0 unexplained differences: "
+        f"**{'met' if s['unexplained'] == 0 else 'missed'}** ({s['unexplained']:,})."
+        for s in sections
+    ]
+    header = [
+        *["## Run", "", "Each workload ran in its own process:", "", *ran, ""],
+        *[
             "Machine and versions (of the latest of these runs):",
-            "",
             _harness.machine_markdown(machine),
-            "## Targets",
-            "",
-            *targets(tables),
-            *[
-                f"- {s['title']}: 0 unexplained differences: "
-                f"**{'met' if s['unexplained'] == 0 else 'missed'}** ({s['unexplained']:,})."
-                for s in sections
-            ],
-            "",
-            "## Tables",
-            "",
-        ]
-    )
+        ],
+        *["## Targets", "", *targets(tables), *verdicts, "", "## Tables", ""],
+    ]
     body = "\n".join([*(s["markdown"] for s in sections), *map(_harness.table_markdown, tables)])
-    write_markdown(out / "RESULTS.md", header, body + "\n![results](results.png)\n\n")
+    write_markdown(out / "RESULTS.md", "\n".join(header), body + "\n![results](results.png)\n\n")
     with open(out / "results.json", "w") as f:
         json.dump({"runs": runs}, f, indent=1)
     plot(tables, out / "results.png")
     # The front page's picture (README.md): step overhead and compile time.
     plot(tables, out / "results-summary.png", ("1. Step overhead", "3. Compile time"))
-    print(f"wrote {out / 'RESULTS.md'} and {out / 'results.png'} in {total:.0f} s")
-    if any(runs[w].get("cut") for w in args.only if w in runs and not args.render):
+    print(f"wrote {out / 'RESULTS.md'} and the plots")
+    if not args.render and any(runs[w].get("cut") for w in args.only):
         sys.exit(3)
 
 
