@@ -1,31 +1,22 @@
 #!/usr/bin/env bash
-# The GPU check (issue 33): one run, under 8 minutes, on a machine with an
-# NVIDIA GPU.  It builds the CUDA module, runs the CUDA tests and the GPU
-# tier of the suite, compares our bits with torch's CUDA kernels, times the
-# gradient pass, the step and the transformer example side by side with
-# torch, and writes
+# The GPU check: one run, under 8 minutes, on a machine with an NVIDIA GPU.
+# It builds the CUDA module, runs the CUDA handler's tests and the GPU tier
+# of the suite, compares our bits with torch's CUDA kernels, times the
+# gradient pass, the step and the transformer example beside torch, and
+# writes bench/RESULTS-gpu.md, results-gpu.json and results-gpu.png, with
+# run_all.py's folder and every command's output (log.txt) in bench/gpu/.
+# Where $OUT names a folder, the results are copied there too.
 #
-#   bench/RESULTS-gpu.md, bench/results-gpu.json, bench/results-gpu.png
-#   bench/gpu/            (run_all.py's folder for this run, the example's output)
-#   bench/gpu/log.txt     (every command and its output)
-#
-# Usage (from anywhere; the machine has jax with CUDA, torch with CUDA and
-# the build tools, and no network: what else the check imports comes from
-# bench/gpu-wheels/, made beforehand by bench/gpu_wheels.sh):
-#
-#   bash bench/gpu_wheels.sh             # here, first (git-ignored, ~26 MB)
-#   bash bench/gpu_check.sh              # on the GPU machine; with the device
-#                                        # tool: command "bash bench/gpu_check.sh",
-#                                        # carry ["bench/gpu-wheels"], timeout
-#                                        # 540 s; the results come back in $OUT
-#   bash bench/gpu_check.sh --dry-run    # on a CPU machine: the same stages at
-#                                        # --tiny size, no CUDA build, the
-#                                        # results in bench/gpu-dry/ (.ci/run)
+#   bash bench/gpu_wheels.sh            # first, where there is a network
+#   bash bench/gpu_check.sh             # on the GPU machine (jax and torch with
+#                                       # CUDA, the build tools, bench/gpu-wheels/)
+#   bash bench/gpu_check.sh --dry-run   # on a CPU: every stage at --tiny size,
+#                                       # no CUDA build, results in bench/gpu-dry/
 #
 # Environment: PYTHON (default python3), NVCC (default: nvcc on PATH, else
-# /usr/local/cuda/bin/nvcc), JAS_GPU_BUDGET_S (default 470: stages are cut
-# to fit it).  Exit status: 0 when every stage ran and passed; 1 otherwise
-# (the other stages still run, and the log says which failed).
+# /usr/local/cuda/bin/nvcc), JAS_CUDA_ARCH (default 90), JAS_GPU_BUDGET_S
+# (default 470: stages are cut to fit it).  Exit status 0 when every stage
+# ran and passed, else 1 (the other stages still run; the log says which).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,8 +33,8 @@ FAILED=()
 
 say() { echo "== $*" | tee -a "$LOG"; }
 
-# stage NAME SECONDS CMD...: runs CMD under a timeout clipped to what is left
-# of the budget; records a failure instead of stopping.
+# stage NAME SECONDS CMD...: CMD under a timeout clipped to the budget left;
+# a failure is recorded, not fatal.
 stage() {
   local name="$1" want="$2"
   shift 2
@@ -108,16 +99,16 @@ except Exception as e:
     print("torch:", e)
 PY
 
-# --- build: the CUDA module for this GPU only (JAS_CUDA_ARCH, default 90: the
-# H200; CMake finds nvcc through CUDACXX)
+# --- build: the CUDA module for this GPU's architecture only (CMake finds
+# nvcc through CUDACXX)
 if [[ $DRY == 0 ]]; then
   # --no-build-isolation: the build requirements come from this environment
-  # (no network); -v keeps CMake's "CUDA handler:" line.
+  # (no network needed); -v keeps CMake's "CUDA handler:" line.
   stage build 150 "$PYTHON" -m pip install --no-deps --no-build-isolation -v -e . \
     --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES="${JAS_CUDA_ARCH:-90}"
   grep -h "CUDA handler:" "$LOG" | tail -1
-  stage import-cuda-module 30 "$PYTHON" -c \
-    "import jax_amp_scale._native_cuda as m; print('registrations', m.registrations())"
+  stage cuda-handler 30 "$PYTHON" -c "import jax_amp_scale as jas; b = jas.available_backends('cuda'); \
+print('cuda backends', b); assert 'ffi' in b, 'no CUDA handler registered'"
 else
   say "build: skipped (--dry-run)"
 fi
@@ -192,7 +183,6 @@ if [[ -f "$RUN/RESULTS.md" && $DRY == 0 ]]; then
 elif [[ $DRY == 1 ]]; then
   say "dry run: results in $RUN/ (not copied beside the CPU ones)"
 fi
-# The device tool hands back what lies under $OUT (its environment variable).
 if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
   cp -r "$RUN" "$OUT/" && cp bench/RESULTS-gpu.md bench/results-gpu.* "$OUT/" 2>/dev/null
   say "copied the results to \$OUT"
