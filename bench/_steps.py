@@ -63,10 +63,8 @@ def ours(backend: str, drop_overflow_update: bool = True, **options: Any) -> Bui
 def handwritten_skip(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
     """The exact skip written by hand, no library: what the default step is
     held to.  torch's rule at the defaults (factors 2 and 1/2, interval
-    2000); the scale stays a power of two, so ``1 / scale`` and the float32
-    products are exact and the unscaled gradients are torch's bits.  (The
-    whole step's bits may still differ from `loss_scaled`'s by an ulp: XLA
-    rounds adam's divide and square root by how it fuses them.)"""
+    2000); the scale stays a power of two, so the unscaled gradients are
+    torch's bits (adam's may differ by an ulp: XLA rounds by how it fuses)."""
 
     def step(carry, batch):
         params, opt_state, scale, tracker = carry
