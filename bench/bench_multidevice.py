@@ -102,15 +102,7 @@ def _table(layout: str, width: int, depth: int, batch: int, args) -> Table:
             candidates[name] = lambda step=step: jax.block_until_ready(step(params, x, state))
         n = sum(v.size for v in host.values()) / 1e6
         title = f"{layout}: MLP {n:.1f}M float32 params ({depth}x{width}), batch {batch}"
-        return timed_table(
-            "7. Eight devices",
-            title,
-            candidates,
-            baseline="plain",
-            reps=args.reps,
-            warmup=args.warmup,
-            notes=NOTES,
-        )
+        return _timed(title, candidates, "plain", args, NOTES)
 
 
 def _pass_table(layout: str, width: int, depth: int, args) -> Table:
@@ -135,14 +127,14 @@ def _pass_table(layout: str, width: int, depth: int, args) -> Table:
         candidates[name] = run
     n = sum(v.size for v in host.values()) / 1e6
     title = f"{layout}: the gradient pass alone, {n:.1f}M float32 values, {len(host)} leaves"
+    notes = ["one jitted call per sample, gradients donated; found-inf flag replicated"]
+    return _timed(title, candidates, "copy (-g)", args, notes)
+
+
+def _timed(title: str, candidates: dict, baseline: str, args, notes: list[str]) -> Table:
+    w, reps, warmup = "7. Eight devices", args.reps, args.warmup
     return timed_table(
-        "7. Eight devices",
-        title,
-        candidates,
-        baseline="copy (-g)",
-        reps=args.reps,
-        warmup=args.warmup,
-        notes=["one jitted call per sample, gradients donated; found-inf flag replicated"],
+        w, title, candidates, baseline=baseline, reps=reps, warmup=warmup, notes=notes
     )
 
 
