@@ -214,30 +214,52 @@ def fmt_time(seconds: float, unit: str) -> str:
     return f"{v:.3g}" if v < 100 else f"{v:.0f}"
 
 
-def table_markdown(t: Table) -> str:
-    """A markdown table: median, min, max, ratio to the baseline (min-max)."""
-    head = ["candidate", *(f"{s} ({t.unit})" for s in ("median", "min", "max"))]
-    if t.baseline is not None:
-        head += [f"ratio to {t.baseline}", "ratio min-max"]
-    head += list(t.columns)
-    lines = [
-        f"#### {t.workload}: {t.title}",
-        f"{t.reps} interleaved repetitions after {t.warmup} warm-up runs.",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|",
-    ]
-    for r in t.rows:
-        cells = [r.name + (f" ({r.note})" if r.note else "")]
-        cells += [fmt_time(x, t.unit) for x in (r.median, min(r.times), max(r.times))]
-        if t.baseline is not None:
-            rs = r.ratios
-            cells += [f"{r.ratio:.3f}", f"{min(rs):.3f}-{max(rs):.3f}"] if rs else ["", ""]
-        cells += [col.get(r.name, "") for col in t.columns.values()]
-        lines.append("| " + " | ".join(cells) + " |")
-    if t.notes:
-        lines += ["", *(f"- {n}" for n in t.notes)]
-    return "\n".join(lines) + "\n"
+def tables_markdown(tables: Sequence[Table]) -> str:
+    """Markdown, one table per workload, unit and baseline: a row per
+    candidate, a column per table (the words its titles do not share), each
+    cell the median and (the paired ratio); min and max stay in the JSON."""
+    groups: dict[tuple, list[Table]] = {}
+    for t in tables:
+        groups.setdefault((t.workload, t.unit, t.baseline), []).append(t)
+    out = []
+    for (workload, unit, baseline), g in groups.items():
+        words = [t.title.split() for t in g]
+        pre = next(
+            (i for i, w in enumerate(zip(*words, strict=False)) if len(set(w)) > 1), len(words[0])
+        )
+        suf = next(
+            (
+                i
+                for i, w in enumerate(zip(*(w[::-1] for w in words), strict=False))
+                if len(set(w)) > 1
+            ),
+            0,
+        )
+        suf = min(suf, min(len(w) for w in words) - pre)
+        heads = [" ".join(w[pre : len(w) - suf]) for w in words]
+        shared = " ".join(
+            words[0][:pre] + (["…"] if len(g) > 1 else []) + words[0][len(words[0]) - suf :]
+        )
+        ratio = f" (ratio to {baseline})" if baseline is not None else ""
+        reps = "/".join(dict.fromkeys(f"{t.reps} ({t.warmup})" for t in g))
+        key = lambda r: r.name + (f" ({r.note})" if r.note else "")  # noqa: E731
+        out += [
+            f"#### {workload}: {shared}",
+            f"Median {unit}{ratio}; interleaved repetitions (warm-up runs): {reps}.",
+            "",
+            "| candidate | " + " | ".join(heads if len(g) > 1 else ["median"]) + " |",
+            "|---|" + "---:|" * len(g),
+        ]
+        for n in dict.fromkeys(key(r) for t in g for r in t.rows):
+            cells = []
+            for t in g:
+                r = next((r for r in t.rows if key(r) == n), None)
+                ratio = "" if r is None or r.ratio is None else f" ({r.ratio:.3f})"
+                cells.append("" if r is None else fmt_time(r.median, t.unit) + ratio)
+            out.append(f"| {n} | " + " | ".join(cells) + " |")
+        notes = list(dict.fromkeys(n for t in g for n in t.notes))
+        out += ["", *(f"- {n}" for n in notes), *([""] if notes else [])]
+    return "\n".join(out)
 
 
 def machine_markdown(info: Mapping[str, str]) -> str:
@@ -283,6 +305,5 @@ def finish(
     `sections` are results that are not timings (dicts with "title",
     "markdown" and "unexplained"), carried to RESULTS.md as they are."""
     print(machine_markdown(machine_info()))
-    for t in tables:
-        print(table_markdown(t))
+    print(tables_markdown(tables))
     save(args, tables, sections)

@@ -77,46 +77,46 @@ def _row(t: _harness.Table, prefix: str) -> _harness.Row | None:
     return next((r for r in t.rows if r.name.startswith(prefix)), None)
 
 
-def _vs_torch_lines(t: _harness.Table, ours: _harness.Row, n: str) -> list[str]:
-    """The gradient pass: <= 1.0x torch's fused op, within 10% of the bandwidth limit."""
-    lines = []
-    dtype = t.title.split(" over ")[0].split()[-1]
-    torch = _row(t, "torch fused")
-    floor = _row(t, "jit dispatch floor")
-    limit = _row(t, "memory-bandwidth limit")
-    if torch is not None:
-        ratio = ours.median / torch.median
-        extra = ""
-        if floor is not None:
-            extra = (
-                f"; the jit dispatch floor alone {floor.median / torch.median:.2f}x, "
-                f"ours above that floor {(ours.median - floor.median) * 1e3:.1f} ms "
-                f"against torch's {torch.median * 1e3:.1f} ms"
+PASS_HEAD = (
+    "| gradient pass | % of copy (>= 80%) | / torch fused (<= 1.0) | jit floor / torch; above it "
+    "ours, torch (ms) | / bandwidth limit (<= 1.1) | in a program (ms), / torch (<= 1.0), "
+    "/ limit (<= 1.1) |\n|---|---:|---:|---:|---:|---:|"
+)
+
+
+def _pass_row(t: _harness.Table, ours: _harness.Row, n: str) -> str:
+    """Table 2's targets as one row: against the copy, torch's fused op and
+    the bandwidth limit, standalone and inside a program."""
+
+    def verdict(x: float, target: float) -> str:
+        return f"{x:.2f}x {'met' if x <= target else '**missed**'}"
+
+    pct = 100.0 / (ours.ratio or math.inf)
+    cells = [
+        f"{pct:.0f}% "
+        + ("no target" if n.startswith("10000") else "met" if pct >= 80 else "**missed**")
+    ]
+    torch, floor = _row(t, "torch fused"), _row(t, "jit dispatch floor")
+    limit, inside = _row(t, "memory-bandwidth limit"), _row(t, "ours[auto] inside a program")
+    cells.append(verdict(ours.median / torch.median, 1.0) if torch else "")
+    cells.append(
+        f"{floor.median / torch.median:.2f}x; {(ours.median - floor.median) * 1e3:.1f}, "
+        f"{torch.median * 1e3:.1f}"
+        if torch and floor
+        else ""
+    )
+    cells.append(verdict(ours.median / limit.median, 1.1) if limit else "")
+    if inside:
+        cells.append(
+            f"{inside.median * 1e3:.1f}"
+            + "".join(
+                f", {verdict(inside.median / r.median, g)}"
+                for r, g in ((torch, 1.0), (limit, 1.1))
+                if r
             )
-        lines.append(
-            f"- Gradient pass <= 1.0x torch's fused op, {dtype}, {n}: "
-            f"**{'met' if ratio <= 1.0 else 'missed'}** (ours {ratio:.2f}x{extra})."
         )
-    if limit is not None:
-        ratio = ours.median / limit.median
-        lines.append(
-            f"- Gradient pass within 10% of the memory-bandwidth limit, {dtype}, {n}: "
-            f"**{'met' if ratio <= 1.1 else 'missed'}** ({ratio:.2f}x the limit's time)."
-        )
-    inside = _row(t, "ours[auto] inside a program")
-    if inside is not None:
-        for ref, target, what in (
-            (torch, 1.0, "torch's fused op"),
-            (limit, 1.1, "the bandwidth limit"),
-        ):
-            if ref is not None:
-                ratio = inside.median / ref.median
-                lines.append(
-                    f"- One pass inside a program (many-pass minus 1-pass loop, per pass) <= {target:.1f}x "
-                    f"{what}, {dtype}, {n}: **{'met' if ratio <= target else 'missed'}** "
-                    f"({inside.median * 1e3:.1f} ms, {ratio:.2f}x)."
-                )
-    return lines
+    dtype = t.title.split(" over ")[0].split()[-1]
+    return f"| {dtype}, {n} | " + " | ".join(cells) + " |"
 
 
 def _floor_lines(t: _harness.Table, what: str) -> list[str]:
@@ -148,8 +148,8 @@ def _floor_lines(t: _harness.Table, what: str) -> list[str]:
 
 
 def targets(tables: list[_harness.Table]) -> list[str]:
-    """One line per target: met or missed, with the numbers."""
-    lines = []
+    """One line per target, met or missed, with the numbers; table 2's as a table."""
+    lines, passes = [], []
     for t in tables:
         if t.workload == "1. Step overhead":
             ours = _ours_rows(t)
@@ -174,18 +174,8 @@ def targets(tables: list[_harness.Table]) -> list[str]:
                     f"(fastest peer {fastest_peer.name}: {fastest_peer.ratio:.3f}x)."
                 )
             lines += _floor_lines(t, compute)
-        elif t.workload == "2. One pass over the gradients":
-            ours = _ours_rows(t)
-            if not ours:
-                continue
-            pct = 100.0 / (ours[0].ratio or math.inf)
-            n = t.title.split(" over ")[1]
-            need = not n.startswith("10000")
-            verdict = ("met" if pct >= 80 else "missed") if need else "no target"
-            lines.append(
-                f"- Unscale+check >= 80% of copy throughput, {n}: **{verdict}** ({pct:.0f}%)."
-            )
-            lines += _vs_torch_lines(t, ours[0], n)
+        elif t.workload == "2. One pass over the gradients" and (ours := _ours_rows(t)):
+            passes.append(_pass_row(t, ours[0], t.title.split(" over ")[1]))
         elif t.workload.startswith("3. Compile time"):
             ours = _ours_rows(t)
             if ours:
@@ -209,7 +199,7 @@ def targets(tables: list[_harness.Table]) -> list[str]:
             for note in t.notes:
                 if note.startswith("not run"):
                     lines.append(f"- {t.workload}, {t.title}: {note}.")
-    return lines
+    return lines + (["", PASS_HEAD, *passes] if passes else [])
 
 
 def write_markdown(path: Path, header: str, body: str) -> None:
@@ -359,9 +349,9 @@ def main(argv: list[str] | None = None) -> None:
             "Machine and versions (of the latest of these runs):",
             _harness.machine_markdown(machine),
         ],
-        *["## Targets", "", *targets(tables), *verdicts, "", "## Tables", ""],
+        *["## Targets", "", *verdicts, *targets(tables), "", "## Tables", ""],
     ]
-    body = "\n".join([*(s["markdown"] for s in sections), *map(_harness.table_markdown, tables)])
+    body = "\n".join([*(s["markdown"] for s in sections), _harness.tables_markdown(tables)])
     write_markdown(out / "RESULTS.md", "\n".join(header), body + "\n![results](results.png)\n\n")
     with open(out / "results.json", "w") as f:
         json.dump({"runs": runs}, f, indent=1)

@@ -256,7 +256,7 @@ def test_reports_written(suite):
     assert text.startswith("# kept\n\nbefore\n\n") and text.rstrip().endswith("after")
     assert "\nold\n" not in text
     for t in tables:
-        assert f"#### {t.workload}: {t.title}" in text
+        assert f"#### {t.workload}: " in text  # a column of its workload's table
     assert set(data["runs"]) == set(run_all.WORKLOADS)
     for w, run in data["runs"].items():
         assert run["command"] == f"python bench/{run_all.WORKLOADS[w]} --tiny"
