@@ -1,16 +1,9 @@
 """The benchmark harness: interleaved repetitions, paired ratios, reports.
 
-A workload hands `measure` (or `timed_table`) a dict of candidates, name ->
-zero-argument callable that runs one unit of work and blocks until it is
-done.  Every candidate is warmed up, then each repetition runs every
-candidate once, the order rotated every repetition, so that drift in a
-shared machine's load hits all alike.  A ratio to the baseline is the median
-of the per-repetition ratios (paired), more robust to drift than a ratio of
-medians.  Results are plain dicts (JSON) that `run_all.py` collects into
-RESULTS.md and the plots.
-
-bench/ imports only the package's public API (``jax_amp_scale``,
-``jax_amp_scale.optax``); an internal it cannot do without belongs here.
+Candidates are name -> zero-argument callables that block until done.  After
+warm-up, each repetition runs every candidate once, the order rotated, and a
+ratio is the median of per-repetition ratios to the baseline (paired), so
+load drift cancels.  bench/ imports only the package's public API.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The training step written with each library, for workloads 1 and 3.
 
-A builder takes ``loss_fn(params, batch) -> float32 scalar`` (it casts the
-float32 master weights to the compute dtype itself), the initial ``params``
-and an optax optimizer, and returns ``(carry, step)``, ``step(carry, batch)
--> carry`` ready to ``jax.jit``.  Every scaled step does a user's work: scale
-the loss, differentiate, unscale, check for inf/NaN, skip the update on
-overflow and adjust the scale.
+A builder takes ``loss_fn(params, batch)``, the float32 ``params`` and an
+optax optimizer and returns ``(carry, step)``; every scaled step scales the
+loss, unscales, checks, skips on overflow and adjusts the scale.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """Workload 3: time to compile the training step as parameter trees grow.
 
-Two models, float16 compute from float32 master weights:
+Float16 compute from float32 master weights.  ``tree`` (default): 10 to
+10,000 leaves of 16 floats used elementwise, the worst case for a pass that
+needs the gradients in memory.  ``dense``: an MLP of n/2 32x32 layers up to
+1,000 leaves, weight gradients from dots.  Each sample traces, lowers and
+compiles a fresh function; a candidate whose compile, projected from its
+growth, would pass ``--budget-s`` is not run at that size.
 
-- ``tree`` (the default): 10 to 10,000 leaves of 16 floats, used
-  elementwise.  Each leaf's gradient is an elementwise kernel the plain step
-  fuses into the optimizer's update: the worst case for a scaled step that
-  needs the gradients in memory before it updates.
-- ``dense``: an MLP of n/2 layers (32x32 weight and a bias, batch 16), up to
-  1,000 leaves: weight gradients come out of dots, as in real models.
-  XLA:CPU compiling the plain step of 5,000 layers ran a 23 GB machine out
-  of memory.
-
-The steps are workload 1's (`_steps.py`; of ours ``"auto"``, the fused
-native pass on the CPU, and ``"reference"``, a kernel per leaf).  Each
-sample traces, lowers and compiles a fresh function (split into trace+lower
-and XLA compile); ratios to the plain step are paired per repetition.  A
-candidate whose compile, projected from its growth so far, would pass
-``--budget-s`` is not run at that size, and the table says so.
-
-    python bench/bench_compile.py                                # tree model
-    python bench/bench_compile.py --models dense --budget-s 20   # dense model
-    python bench/bench_compile.py --tiny                         # smoke
+    python bench/bench_compile.py --models dense --budget-s 20
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
-"""Workload 7: a training step on eight devices, sharded FSDP-style and data-parallel.
+"""Workload 7: a training step on eight virtual CPU devices.
 
-Eight virtual CPU devices (``--xla_force_host_platform_device_count=8``, set
-here before JAX starts).  An MLP's jitted step three ways, interleaved: plain
-(``grad`` then SGD), and with loss scaling (scale, unscale and check, skip on
-overflow, update the scale) through the pure-JAX pass (``"reference"``) and
-through the native pass (``"ffi"``), which runs on each device's local
-shards and OR-reduces the flag.  Then the gradient pass alone on the same
-trees (one jitted call, gradients donated) against an elementwise copy.
-
-Two layouts: ``fsdp`` (every weight sharded on its first axis and gathered
-for the forward pass, as FSDP/ZeRO-3 does; the batch sharded) and
-``data_parallel`` (parameters replicated, the batch sharded).  What "auto"
-picks with several devices rests on the native rows being at least as fast
-as the reference.
-
-    python bench/bench_multidevice.py            # full size
-    python bench/bench_multidevice.py --tiny     # smoke
+An MLP's jitted step plain, and loss-scaled through the pure-JAX pass
+("reference") and the native one ("ffi", per local shard, the flag
+OR-reduced); then the gradient pass alone against a copy.  Layouts: ``fsdp``
+(weights sharded on their first axis) and ``data_parallel`` (replicated);
+the batch sharded in both.
 """
 
 from __future__ import annotations

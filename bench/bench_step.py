@@ -1,18 +1,12 @@
 """Workload 1: step overhead of loss scaling in a jitted MLP training step.
 
-An MLP of about 4.2M parameters (4 dense layers 1024x1024 with biases),
-batch 256, float32 master weights cast to the compute dtype for the matmuls
-(float16 and float32, one table each), a float32 mean-squared-error loss and
-SGD with momentum (or adam).  Every candidate (`_steps.py`) runs the same
-model and optimizer, reported as a ratio to the plain step, from
-repetitions interleaved in this one process.
+About 4.2M parameters (4 dense 1024x1024 layers), batch 256, float32 master
+weights cast to the compute dtype (float16 and float32, a table each), SGD
+with momentum (or adam); every candidate (`_steps.py`) as a ratio to the
+plain step.  The GPU check's tables:
 
-    python bench/bench_step.py            # full size
-    python bench/bench_step.py --tiny     # smoke: tiny MLP, one repetition
-    python bench/bench_step.py --compute float32 --optimizer adam \\
-        --only "ours loss_scaled[auto]" --reps 150
     python bench/bench_step.py --models 4096x8x2048 256x4x64 --optimizer adam \\
-        --compute float16 --torch                     # the GPU check's tables
+        --compute float16 --torch
 """
 
 from __future__ import annotations

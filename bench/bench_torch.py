@@ -1,15 +1,9 @@
 """Workload 5: torch's GradScaler step overhead on CPU, for scale.
 
-Workload 1's MLP (4 dense layers 1024x1024 with biases, batch 256, float32
-weights, float16 autocast compute, SGD with momentum) in torch: the plain
-step against the step with ``torch.amp.GradScaler("cpu")``.  A second table
-isolates the scaler's own work on fixed gradients (``unscale_`` + ``step``
-+ ``update`` against a plain ``optimizer.step``), which the full step's
-matmuls otherwise drown.  Without torch (optional, the ``bench`` extra) it
-says so and exits 0.  `torch_steps` also serves workload 1's ``--torch``.
-
-    python bench/bench_torch.py            # full size
-    python bench/bench_torch.py --tiny     # smoke
+Workload 1's MLP in torch (float16 autocast): the plain step against the
+GradScaler step, and the scaler's own work on fixed gradients against a
+plain ``optimizer.step``.  Without torch it says so and exits 0.
+`torch_steps` also serves workload 1's ``--torch``.
 """
 
 from __future__ import annotations

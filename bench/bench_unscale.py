@@ -1,32 +1,12 @@
-"""Workload 2: one pass over the gradients (unscale and check for inf/NaN).
+"""Workload 2: one pass over the gradients (unscale, check for inf/NaN).
 
-256 MiB of float32 and float16 (or bfloat16) gradients over 1, 100 and
-10,000 leaves.  Each candidate is one jitted call that reads every gradient,
-writes the unscaled gradients in place (donated) and returns whether any is
-non-finite.  The baseline is a plain copy of the same bytes, ``y = -x`` in
-place; the peers do the same work with their own functions (jmp) or their
-documented pattern written out (flax, optax), float32 only.  Beside them,
-interleaved (on a GPU, torch and the limit run on JAX's GPU):
-
-* torch's fused in-place ``_amp_foreach_non_finite_check_and_unscale_``
-  (what GradScaler calls) on its own copy of the gradients;
-* "jit dispatch floor": a jitted function that takes the donated leaves and
-  returns them untouched (no kernel): what any jitted call over this many
-  arrays costs before it does any work;
-* "memory-bandwidth limit": ``np.negative(x, out=x)`` over one contiguous
-  buffer of the same bytes, over --threads threads; on a GPU torch's
-  in-place ``neg_`` of one buffer (the HBM limit as measured);
-* ours inside a program: one compiled loop running the pass n times (the
-  scale and its inverse in turn), called with n=PASSES and n=1; their
-  difference over PASSES - 1, paired per repetition, is one pass inside a
-  compiled step, where jit's per-array cost (the floor) is not paid.
-
-Each leaf count and dtype runs in a process of its own (``--in-process``:
-all in this one): in one process, what XLA:CPU keeps of the 10,000-leaf
-executables piled up past 22 GB.
-
-    python bench/bench_unscale.py            # full size
-    python bench/bench_unscale.py --tiny     # smoke
+256 MiB of float32 and float16 gradients over 1, 100 and 10,000 leaves, one
+jitted call each, donated, against a copy (``y = -x`` in place), the peers
+(float32 only), torch's fused op, the jit dispatch floor (donated leaves
+returned, no kernel), the memory-bandwidth limit (one buffer negated in
+place) and ours inside a program (a loop of PASSES passes minus one of 1).
+Each case runs in its own process (--in-process: all in this one), as
+XLA:CPU's 10,000-leaf executables pile up past 22 GB in one.
 """
 
 from __future__ import annotations
@@ -46,16 +26,13 @@ import ml_dtypes
 import numpy as np
 
 SCALE = 2.0**15
-# A candidate whose first (compiling) call, projected from the largest size
-# run so far with this exponent, passes --budget-s is skipped: compile time
-# grows faster than the tree where kernels are compiled per leaf (workload 3).
+# Exponent projecting a first call from the largest size run, against --budget-s.
 GROWTH = 1.25
 TORCH = "torch fused (_amp_foreach_non_finite_check_and_unscale_)"
 DISPATCH = "jit dispatch floor (donated leaves returned, no kernel)"
 LIMIT = "memory-bandwidth limit (np.negative in place, 1 buffer)"
 LIMIT_GPU = "memory-bandwidth limit (torch neg_ in place, 1 buffer: HBM)"
 OURS = "ours unscale_and_check[auto]"
-# Odd, so the loop unscales once; the estimate's noise is divided by PASSES - 1.
 PASSES = 9
 LOOP1, LOOPN = "ours[auto], loop of 1 pass", f"ours[auto], the same loop, {PASSES} passes"
 IN_PROGRAM = f"ours[auto] inside a program: one pass (({PASSES}-pass - 1-pass loop) / {PASSES - 1})"
@@ -63,7 +40,6 @@ DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bf
 
 
 def magnitude(dtype) -> float:
-    """A typical scaled-gradient magnitude that stays finite in `dtype`."""
     return 2.0**8 if dtype == np.float16 else SCALE
 
 
@@ -73,7 +49,6 @@ def split_sizes(total: int, n: int) -> list[int]:
 
 
 def host_grads(total_bytes: int, n_leaves: int, dtype=np.float32) -> list[np.ndarray]:
-    """Finite gradients of a typical magnitude: slices of one host array."""
     sizes = split_sizes(total_bytes // np.dtype(dtype).itemsize, n_leaves)
     rng = np.random.default_rng(0)
     flat = (rng.standard_normal(sum(sizes), dtype=np.float32) * magnitude(dtype)).astype(dtype)
@@ -84,7 +59,7 @@ def host_grads(total_bytes: int, n_leaves: int, dtype=np.float32) -> list[np.nda
 
 
 def plain_copy(grads, scale):
-    # y = -x: an identity would be elided under donation.
+    # y = -x: donation elides an identity
     return [-g for g in grads], jnp.asarray(False)
 
 
@@ -99,9 +74,8 @@ def ours(backend):
 
 
 def ours_loop(grads, states, n):
-    """`n` passes in a `lax.fori_loop`, state `i % 2` on pass `i`.  The flag
-    is carried, as a step uses it: dropped, the dead per-call flags shared
-    one buffer and XLA:CPU ran the calls one after another."""
+    """`n` passes, state `i % 2` on pass `i`; the flag is carried (dropped,
+    XLA:CPU ran the calls one after another)."""
     import jax_amp_scale as jas
 
     def body(i, carry):
@@ -136,7 +110,6 @@ def optax_pattern(grads, scale):
 
 
 def jax_candidates(ours_ok: bool, peers: bool):
-    """name -> (function, scale -> its scale argument, *more arguments)."""
     out = {"plain copy": (plain_copy, jnp.float32)}
     if ours_ok:
         import jax_amp_scale as jas
@@ -161,7 +134,6 @@ def jax_candidates(ours_ok: bool, peers: bool):
 
 
 def torch_fused_candidate(host: list[np.ndarray], dtype, device):
-    """torch's fused in-place op on its own copy of the gradients."""
     import torch
 
     if dtype == ml_dtypes.bfloat16:  # torch cannot take NumPy's bfloat16: its bits
@@ -185,9 +157,8 @@ def torch_fused_candidate(host: list[np.ndarray], dtype, device):
 
 
 def bandwidth_candidate(total_bytes: int, threads: int, device):
-    """One read and one write of every byte of one contiguous buffer: NumPy's
-    vectorised ufunc (it releases the GIL) over `threads` threads on the
-    CPU, one torch kernel on a GPU."""
+    """One contiguous buffer negated in place: NumPy over `threads` threads
+    on the CPU, one torch kernel on a GPU."""
     if jax.default_backend() != "cpu":
         import torch
 
@@ -201,19 +172,17 @@ def bandwidth_candidate(total_bytes: int, threads: int, device):
 
 
 def run_case(args, total_bytes, n_leaves, reps, warmup, dtype, first_call, torch_ok):
-    """Every candidate's rows on `n_leaves` leaves, and the skipped ones' notes.
-
-    Every candidate owns a copy of the gradients and donates it to each call
-    (XLA writes the result in place, as inside a step and as torch's op
-    does); the next call takes the result back with the inverse scale.
-    `first_call` (name -> leaves -> seconds of the compiling first call) is
-    filled in and read for the budget's projection."""
+    """Rows on `n_leaves` leaves, and the skipped candidates.  Each owns a
+    copy of the gradients, donated to every call; the next call takes the
+    result back with the inverse scale.  `first_call`: name -> leaves -> s."""
     host = host_grads(total_bytes, n_leaves, dtype)
     grads = [jnp.asarray(g) for g in host]
     dname = np.dtype(dtype).name
     peers = not args.no_peers and dtype == np.float32
     cands, skipped, jitted = {}, [], {}
-    for name, (fn, make_scale, *extra) in jax_candidates(_ours_ok(), peers).items():
+    for name, (fn, make_scale, *extra) in jax_candidates(
+        _steps.ours_available() is None, peers
+    ).items():
         seen = first_call.setdefault(f"{name} {dname}", {})
         if seen and name != "plain copy" and n_leaves > 100:
             last = max(seen, key=int)
@@ -257,7 +226,6 @@ def run_case(args, total_bytes, n_leaves, reps, warmup, dtype, first_call, torch
 
 
 def run_torch_case(total_bytes: int, n_leaves: int, reps: int, warmup: int):
-    """torch's fused unscale-and-check (in place) against torch's copy, on the CPU."""
     import torch
 
     flat = torch.randn(total_bytes // 4) * SCALE
@@ -286,10 +254,6 @@ def throughput(rows, total_bytes) -> dict[str, dict[str, str]]:
         "GiB/s (gradient bytes)": {r.name: f"{gib / r.median:.2f}" for r in rows},
         "% of copy throughput": {r.name: f"{100 * base / r.median:.0f}%" for r in rows},
     }
-
-
-def _ours_ok() -> bool:
-    return _steps.ours_available() is None
 
 
 def main(argv: list[str] | None = None) -> list[_harness.Table]:
@@ -387,7 +351,6 @@ def run_cases_apart(args, cases: list[tuple[str, int]]) -> list[_harness.Table]:
             cmd += ["--json", out, "--first-call", os.path.join(tmp, "first_call.json")]
             for opt in ("reps", "warmup", "mib", "threads", "budget_s"):
                 cmd += [f"--{opt.replace('_', '-')}", str(vars(args)[opt])]
-            # The child's report goes to stderr; this process prints all tables.
             subprocess.run(cmd + flags, check=True, stdout=sys.stderr)
             with open(out) as f:
                 tables += [_harness.Table.from_json(t) for t in json.load(f)["tables"]]

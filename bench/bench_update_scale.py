@@ -1,17 +1,8 @@
-"""Workload 4, the operator itself: reference lowering vs FFI custom call, side by side.
+"""Workload 4, the operator: update_scale's reference against its FFI call.
 
-Workloads (each timed interleaved in one process, medians of --reps runs):
-  scan      update_scale in a jitted lax.scan of --steps steps
-  vmap      the same scan over --population independent states (jax.vmap)
-  mlp       a jitted SGD step of a small float16 MLP that calls update_scale,
-            against the same step without it
-  compile   a fresh jit+compile of update_scale alone (one float32 state),
-            against a trivial jitted scalar function of the same arguments
-
-Prints per-step costs and ratios; the scan/vmap ratios decide what "auto" picks.
-
-  python bench/bench_update_scale.py            # full size
-  python bench/bench_update_scale.py --tiny     # smoke size
+scan: in a jitted lax.scan; vmap: the scan over --population states; mlp: a
+small training step with and without it; compile: a fresh jit of it alone
+against a trivial scalar function.  scan and vmap decide what "auto" picks.
 """
 
 from __future__ import annotations

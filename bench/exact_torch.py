@@ -1,33 +1,14 @@
 """Workload 6: our bits against torch's kernels, on the device JAX runs on.
 
-On a GPU, torch's CUDA kernels are the oracle; on the CPU (the dry run),
-torch's CPU kernels.  Two checks, every difference counted and classified:
-
-* ``update_scale``: `jax_amp_scale.amp_update_scale` (each backend of this
-  platform, and "auto") against ``torch._amp_update_scale_`` over random
-  states (scales as random bit patterns: subnormal, huge, inf, NaN; trackers
-  at and around the interval) for fixed and random factor sets.
-* the gradient pass: `jax_amp_scale.unscale_and_check` against
-  ``torch._amp_foreach_non_finite_check_and_unscale_`` (what
-  ``GradScaler.unscale_`` runs, with GradScaler's inverse
-  ``float32(1 / float64(scale))``) for float32 gradients as random bit
-  patterns spanning the whole range and every float16 and bfloat16 bit
-  pattern, at scales up to 2**127 and non-powers of two.
-
-A difference is *explained* when it is one of the classes below, whose cause
-is known; anything else is *unexplained* and listed:
-
-* "flushed result": torch's result is a float32 subnormal (or rounds to
-  2**-126 from one) and ours is the zero of the same sign (XLA flushes
-  subnormals to zero on the CPU);
-* "flushed operand": the gradient or the scale is itself subnormal and ours
-  is what torch gives for its zero;
-* "NaN payload": both are NaN with other bits (at a scale of 1 torch skips
-  the multiply and keeps a signaling NaN, ours quiets it; bfloat16 NaNs
-  convert to the canonical one; the flag agrees).
-
-    python bench/exact_torch.py            # full size
-    python bench/exact_torch.py --tiny     # smoke
+``amp_update_scale`` (each backend and "auto") against
+``torch._amp_update_scale_`` over random states and factor sets, and
+``unscale_and_check`` against ``torch._amp_foreach_non_finite_check_and_unscale_``
+(with GradScaler's inverse) over random float32 and every float16 and
+bfloat16 bit pattern, at scales up to 2**127.  Explained differences:
+"flushed result" (torch's float32 subnormal result, ours zero: XLA:CPU
+flushes), "flushed operand" (a subnormal gradient or scale read as zero),
+"NaN payload" (NaN bits differ; the flag agrees).  Anything else is
+unexplained and listed.
 """
 
 from __future__ import annotations

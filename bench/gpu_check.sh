@@ -1,22 +1,14 @@
 #!/usr/bin/env bash
-# The GPU check: one run, under 8 minutes, on a machine with an NVIDIA GPU.
-# It builds the CUDA module, runs the CUDA handler's tests and the GPU tier
-# of the suite, compares our bits with torch's CUDA kernels, times the
-# gradient pass, the step and the transformer example beside torch, and
-# writes bench/RESULTS-gpu.md, results-gpu.json and results-gpu.png, with
-# run_all.py's folder and every command's output (log.txt) in bench/gpu/.
-# Where $OUT names a folder, the results are copied there too.
+# The GPU check, under 8 minutes on an NVIDIA machine: the CUDA build and
+# tests, bits against torch's CUDA kernels, the gradient pass, the step and
+# the transformer example beside torch; writes bench/RESULTS-gpu.md,
+# results-gpu.json and results-gpu.png (logs in bench/gpu/, copied to $OUT).
 #
 #   bash bench/gpu_wheels.sh            # first, where there is a network
-#   bash bench/gpu_check.sh             # on the GPU machine (jax and torch with
-#                                       # CUDA, the build tools, bench/gpu-wheels/)
-#   bash bench/gpu_check.sh --dry-run   # on a CPU: every stage at --tiny size,
-#                                       # no CUDA build, results in bench/gpu-dry/
+#   bash bench/gpu_check.sh [--dry-run] # --dry-run: tiny, on a CPU, in bench/gpu-dry/
 #
-# Environment: PYTHON (default python3), NVCC (default: nvcc on PATH, else
-# /usr/local/cuda/bin/nvcc), JAS_CUDA_ARCH (default 90), JAS_GPU_BUDGET_S
-# (default 470: stages are cut to fit it).  Exit status 0 when every stage
-# ran and passed, else 1 (the other stages still run; the log says which).
+# Environment: PYTHON, NVCC, JAS_CUDA_ARCH (90), JAS_GPU_BUDGET_S (470).
+# Exit 1 if any stage failed (the others still run).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,8 +25,7 @@ FAILED=()
 
 say() { echo "== $*" | tee -a "$LOG"; }
 
-# stage NAME SECONDS CMD...: CMD under a timeout clipped to the budget left;
-# a failure is recorded, not fatal.
+# stage NAME SECONDS CMD...: CMD under a timeout clipped to the budget left.
 stage() {
   local name="$1" want="$2"
   shift 2
@@ -71,8 +62,7 @@ if [[ $DRY == 0 ]]; then
   export PATH="$(dirname "$NVCC"):$PATH"
   # The tests' conftest defaults JAX_PLATFORMS to cpu; the GPU must win here.
   export JAX_PLATFORMS="cuda,cpu"
-  # JAX and torch share the GPU in one process (the side-by-side tables):
-  # JAX's default preallocation (75%) would leave torch too little.
+  # JAX and torch share the GPU in one process.
   export XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
 else
   export JAX_PLATFORMS="cpu"
@@ -99,11 +89,9 @@ except Exception as e:
     print("torch:", e)
 PY
 
-# --- build: the CUDA module for this GPU's architecture only (CMake finds
-# nvcc through CUDACXX)
+# --- build: the CUDA module for this GPU's architecture
 if [[ $DRY == 0 ]]; then
-  # --no-build-isolation: the build requirements come from this environment
-  # (no network needed); -v keeps CMake's "CUDA handler:" line.
+  # No network: the build requirements come from this environment.
   stage build 150 "$PYTHON" -m pip install --no-deps --no-build-isolation -v -e . \
     --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES="${JAS_CUDA_ARCH:-90}"
   grep -h "CUDA handler:" "$LOG" | tail -1
@@ -116,14 +104,7 @@ fi
 # --- tests: the CUDA handler's ------------------------------------------------
 stage cuda-tests 60 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_cuda_handler.py
 
-# --- workloads: run_all.py, one workload a stage (each keeps what it finished
-# at its limit; the next one adds to the same results.json) ------------------
-# exact: bits against torch's kernels on this device.  unscale: 256 MiB at
-# 1/100/1,000/10,000 leaves, float32 and float16, ours against torch's fused
-# op, the copy and the measured HBM limit, in one process.  step: adam,
-# float16 compute, a compute-bound MLP (8 x 4096, batch 2048) and a
-# dispatch-bound one (4 x 256, batch 64), with the hand-written exact skip
-# and torch's plain and GradScaler steps in the same table.
+# --- workloads: one run_all.py workload a stage, into one results.json -----
 if [[ $DRY == 1 ]]; then
   SIZE=(--tiny)
   EXACT=()
@@ -151,11 +132,7 @@ workload step 100 "${STEP[@]}"
 # --- the transformer example's four precisions, with step times --------------
 stage transformer 90 "$PYTHON" examples/transformer_lm.py "${LM[@]}" --out-dir "$RUN/transformer"
 
-# --- the GPU tier of the core tests (tests/gpu_tier.py), with what time is left:
-# the arithmetic ones (goldens, backends against each other, torch as the
-# oracle) and the first-contact contract.  test_fused_unscale.py and
-# test_transformations.py are left out: they also assert what XLA:CPU's
-# compiled text holds (the native calls), which a GPU's cannot.
+# --- the GPU tier of the core tests (not those asserting XLA:CPU's compiled text)
 GPU_TIER=(tests/test_golden.py tests/test_found_inf.py tests/test_differential.py
           tests/test_inverse_scale.py tests/test_torch_oracle.py tests/test_fast_product.py
           tests/test_first_contact.py)

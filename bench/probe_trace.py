@@ -1,12 +1,8 @@
-"""The package files a reader follows through one traced `loss_scaled` update.
+"""The package files one traced `loss_scaled(optax.adam(1e-3)).update` enters.
 
-Traces ``loss_scaled(optax.adam(1e-3)).update`` for two float32 leaves on
-the CPU under ``sys.settrace`` and prints how many files under the
-installed ``jax_amp_scale/`` package it enters (function calls; module
-imports do not count), then the files.  A first lowering, not counted,
-takes imports and JAX's caches out of the count.
-
-    python bench/probe_trace.py
+Two float32 leaves on the CPU, under ``sys.settrace`` after a first,
+uncounted lowering; prints the count of files under ``jax_amp_scale/``
+entered by function calls, then the files.
 """
 
 from __future__ import annotations

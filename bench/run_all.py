@@ -1,17 +1,9 @@
-"""Runs every workload, then writes bench/RESULTS.md, results.png (and the
-README's results-summary.png) and results.json.
+"""Runs every workload, each in its own process, then writes RESULTS.md
+(between its marker comments; the hand-written text around is kept),
+results.png, the README's results-summary.png and results.json.
 
-Each workload runs in its own process (so one's memory and compilation
-caches cannot change another's timings) and hands its tables back as JSON.
-The generated part of RESULTS.md lies between two marker comments; the
-hand-written analysis around it is kept when the suite is run again.
-
-    python bench/run_all.py                  # full size (about 15 min on 2 cores)
     python bench/run_all.py --tiny --out /tmp/bench-smoke   # smoke
-    python bench/run_all.py --only step unscale             # some workloads
-
-With --only, the other workloads' tables are taken from the last
-results.json in --out, and RESULTS.md says when and how each was run.
+    python bench/run_all.py --only step unscale   # the others from results.json
 """
 
 from __future__ import annotations
