@@ -72,22 +72,9 @@ if [[ -d bench/gpu-wheels ]]; then
   stage wheels 60 "$PYTHON" -m pip install -q --no-index --find-links bench/gpu-wheels \
     pytest hypothesis jmp flatbuffers matplotlib
 fi
-"$PYTHON" - <<'PY' 2>&1 | tee -a "$LOG"
-import importlib, platform
-print("python", platform.python_version())
-for m in ("jax", "jaxlib", "torch", "optax", "flax", "numpy", "pytest", "hypothesis", "jmp"):
-    try:
-        print(m, importlib.import_module(m).__version__)
-    except Exception as e:
-        print(m, "MISSING:", e)
-import jax
-print("jax devices", jax.devices())
-try:
-    import torch
-    print("torch cuda", torch.version.cuda, torch.cuda.is_available())
-except Exception as e:
-    print("torch:", e)
-PY
+"$PYTHON" -c "import platform, importlib.util as u; print('python', platform.python_version()); \
+[print(m, __import__(m).__version__ if u.find_spec(m) else 'MISSING') for m in 'jax jaxlib torch optax flax numpy pytest hypothesis jmp'.split()]; \
+import jax; print('jax devices', jax.devices()); import torch; print('torch cuda', torch.version.cuda, torch.cuda.is_available())" 2>&1 | tee -a "$LOG"
 
 # --- build: the CUDA module for this GPU's architecture
 if [[ $DRY == 0 ]]; then
