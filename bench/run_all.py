@@ -206,84 +206,36 @@ def write_markdown(path: Path, header: str, body: str) -> None:
     path.write_text("# Benchmark results\n\n" + generated)
 
 
-def plot(
-    tables: list[_harness.Table], path: Path, workloads: tuple[str, ...] | None = None
-) -> None:
-    """One panel per workload (only those whose names start with one of
-    `workloads`, when given) into the PNG `path`."""
+def plot(tables: list[_harness.Table], path: Path, workloads: tuple[str, ...] = ("",)) -> None:
+    """One panel per workload whose name starts with one of `workloads`: each
+    candidate's ratio to its table's baseline, a bar per table."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    by = {}
-    for t in tables:
+    by: dict[str, list[_harness.Table]] = {}
+    for t in (t for t in tables if t.workload.startswith(workloads)):
         by.setdefault(t.workload, []).append(t)
-    panels = [w for w in by if by[w] and (workloads is None or w.startswith(workloads))]
-    if not panels:
-        return
-
-    def rows(w: str) -> int:
-        if w.startswith("3. Compile time"):
-            return 8
-        return len({r.name for t in by[w] for r in t.rows if r.name != t.baseline})
-
-    heights = [max(2.4, 0.3 * rows(w) + 1.0) for w in panels]
-    fig, axes = plt.subplots(
-        len(panels),
-        1,
-        figsize=(10, sum(heights)),
-        squeeze=False,
-        gridspec_kw={"height_ratios": heights},
-    )
-    for ax, w in zip(axes[:, 0], panels, strict=True):
-        ts = by[w]
-        if w.startswith("3. Compile time"):
-            counts = [int(t.title.split(", ")[1].split()[0]) for t in ts]
-            for name in [r.name for r in ts[0].rows]:
-                pts = [
-                    (c, r.median)
-                    for c, t in zip(counts, ts, strict=True)
-                    for r in t.rows
-                    if r.name == name
-                ]
-                ax.plot(*zip(*pts, strict=True), marker="o", label=name)
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_xlabel("parameter leaves")
-            ax.set_ylabel("trace+compile (s)")
-            ax.legend(fontsize=7)
-        else:
-            # One row per candidate, one bar per table (colour, in the
-            # legend): a candidate's label is written once, however many
-            # sizes and dtypes the workload measured.
-            names: list[str] = []
-            for t in ts:
-                for r in t.rows:
-                    if r.ratio is not None and r.name != t.baseline and r.name not in names:
-                        names.append(r.name)
-            ratios = [{r.name: r.ratio for r in t.rows if r.ratio is not None} for t in ts]
-            bars: list[list[tuple[float, float, float]]] = [[] for _ in ts]
-            for i, n in enumerate(names):
-                have = [k for k in range(len(ts)) if n in ratios[k]]
-                h = 0.8 / len(have)
-                for j, k in enumerate(have):
-                    bars[k].append((i + (j - (len(have) - 1) / 2) * h, ratios[k][n], h))
-            for k, t in enumerate(ts):
-                if bars[k]:
-                    ys, xs, hs = zip(*bars[k], strict=True)
-                    ax.barh(ys, xs, height=hs, label=t.title[:70], color=f"C{k}")
-            ax.set_yticks(range(len(names)))
-            ax.set_yticklabels([n if len(n) <= 60 else n[:57] + "..." for n in names], fontsize=7)
-            ax.set_ylim(len(names) - 0.5, -0.5)
-            ax.axvline(1.0, color="k", lw=0.8)
-            if w == "1. Step overhead":
-                ax.axvline(1.03, color="tab:red", lw=0.8, ls="--", label="target 1.03")
-            if w.startswith("2. One pass") and "torch" not in w:
-                ax.axvline(1.25, color="tab:red", lw=0.8, ls="--", label="80% of copy")
-            ax.legend(fontsize=6, loc="best")
-            ax.set_xlabel("time ratio to the table's baseline (lower is faster)")
-        ax.set_title(w, fontsize=9)
+    names = {
+        w: list(dict.fromkeys(r.name for t in ts for r in t.rows if r.name != t.baseline))
+        for w, ts in by.items()
+    }
+    heights = [0.3 * len(n) + 1.2 for n in names.values()]
+    fig, axes = plt.subplots(len(by), 1, figsize=(10, sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})  # fmt: skip
+    for ax, (w, ts) in zip(axes[:, 0], by.items(), strict=True):
+        for k, t in enumerate(ts):
+            got = {r.name: r.ratio for r in t.rows if r.ratio}
+            ys = [i + (k + 0.5) / len(ts) - 0.5 for i, n in enumerate(names[w]) if n in got]
+            xs = [got[n] for n in names[w] if n in got]
+            ax.barh(ys, xs, height=0.8 / len(ts), label=t.title[:70], color=f"C{k}")
+        ax.set_yticks(range(len(names[w])), [n[:60] for n in names[w]], fontsize=7)
+        ax.set_ylim(len(names[w]) - 0.5, -0.5)
+        ax.set_xscale("log")
+        ax.axvline(1.0, color="k", lw=0.8)
+        ax.legend(fontsize=6)
+        ax.set_title(f"{w}: time ratio to the baseline (lower is faster)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
