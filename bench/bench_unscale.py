@@ -5,8 +5,8 @@ jitted call each, donated, against a copy (``y = -x`` in place), the peers
 (float32 only), torch's fused op, the jit dispatch floor (donated leaves
 returned, no kernel), the memory-bandwidth limit (one buffer negated in
 place) and ours inside a program (a loop of PASSES passes minus one of 1).
-Each case runs in its own process (--in-process: all in this one), as
-XLA:CPU's 10,000-leaf executables pile up past 22 GB in one.
+Each case runs in its own process (--in-process: all in this one): XLA:CPU's
+10,000-leaf executables pile up past 22 GB in one.
 """
 
 from __future__ import annotations
@@ -133,7 +133,9 @@ def jax_candidates(ours_ok: bool, peers: bool):
     return out
 
 
-def torch_fused_candidate(host: list[np.ndarray], dtype, device):
+def torch_candidates(host: list[np.ndarray], dtype, device):
+    """torch's fused op, the factor alternating to keep values bounded (as
+    ours does), and torch's own copy of the same tensors."""
     import torch
 
     if dtype == ml_dtypes.bfloat16:  # torch cannot take NumPy's bfloat16: its bits
@@ -141,19 +143,18 @@ def torch_fused_candidate(host: list[np.ndarray], dtype, device):
     else:
         grads = [torch.from_numpy(g.copy()) for g in host]
     grads = [g.to(device) for g in grads]
-    found = torch.zeros(1, device=device)
-    mag = magnitude(dtype)
-    invs = [torch.full((1,), f, device=device) for f in (1.0 / mag, mag)]
+    dst, found = [torch.empty_like(g) for g in grads], torch.zeros(1, device=device)
+    invs = [torch.full((1,), f, device=device) for f in (1.0 / magnitude(dtype), magnitude(dtype))]
     box = [0]
 
     def run():
-        # Alternate the factor so values stay bounded, as ours does.
         torch._amp_foreach_non_finite_check_and_unscale_(grads, found, invs[box[0]])
         box[0] ^= 1
         if float(found) != 0.0:  # reading the flag waits for the kernels
             raise RuntimeError("torch reported an overflow on finite gradients")
 
-    return run
+    copy = lambda: (torch._foreach_copy_(dst, grads), float(dst[0][0]))  # noqa: E731
+    return {TORCH: run, "torch _foreach_copy_": copy}
 
 
 def bandwidth_candidate(total_bytes: int, threads: int, device):
@@ -171,7 +172,7 @@ def bandwidth_candidate(total_bytes: int, threads: int, device):
     return lambda: list(pool.map(lambda a: np.negative(a, out=a), parts))
 
 
-def run_case(args, total_bytes, n_leaves, reps, warmup, dtype, first_call, torch_ok):
+def run_case(args, total_bytes, n_leaves, reps, warmup, dtype, first_call):
     """Rows on `n_leaves` leaves, and the skipped candidates.  Each owns a
     copy of the gradients, donated to every call; the next call takes the
     result back with the inverse scale.  `first_call`: name -> leaves -> s."""
@@ -205,9 +206,9 @@ def run_case(args, total_bytes, n_leaves, reps, warmup, dtype, first_call, torch
             box[0], box[1] = jax.block_until_ready(out), 1 - box[1]
 
         cands[name] = run
-    device = _harness.torch_device() if torch_ok else None
+    device = None if args.no_torch else _harness.torch_device()
     if device is not None:
-        cands[TORCH] = torch_fused_candidate(host, dtype, device)
+        cands |= torch_candidates(host, dtype, device)
     if jax.default_backend() == "cpu" or device is not None:
         cands[LIMIT if jax.default_backend() == "cpu" else LIMIT_GPU] = bandwidth_candidate(
             total_bytes, args.threads, device
@@ -223,29 +224,6 @@ def run_case(args, total_bytes, n_leaves, reps, warmup, dtype, first_call, torch
         if f"{r.name} {dname}" in first_call:
             r.extra["first_call_s"] = first_call[f"{r.name} {dname}"][str(n_leaves)]
     return rows, skipped
-
-
-def run_torch_case(total_bytes: int, n_leaves: int, reps: int, warmup: int):
-    import torch
-
-    flat = torch.randn(total_bytes // 4) * SCALE
-    grads = [g.clone() for g in torch.split(flat, split_sizes(total_bytes // 4, n_leaves))]
-    dst = [torch.empty_like(g) for g in grads]
-    found, inv = torch.zeros(1), torch.full((1,), 1.0 / SCALE)
-
-    def fused():  # twice, the factor alternating to keep values bounded
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, 1 / inv)
-
-    copy = "torch _foreach_copy_"
-    cands = {copy: lambda: torch._foreach_copy_(dst, grads), "fused x2": fused}
-    rows = _harness.measure(cands, baseline=copy, reps=reps, warmup=warmup)
-    rows[1].times = [t / 2 for t in rows[1].times]  # one call
-    rows[1].ratios = [r / 2 for r in rows[1].ratios or []]
-    rows[1].name = "torch fused unscale+check (_amp_foreach_non_finite_check_and_unscale_)"
-    if float(found) != 0.0:
-        raise RuntimeError("torch reported an overflow on finite gradients")
-    return rows
 
 
 def throughput(rows, total_bytes) -> dict[str, dict[str, str]]:
@@ -275,16 +253,19 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
     else:
         total, leaf_counts, reps, warmup = args.mib << 20, (1, 100, 10_000), args.reps, args.warmup
     cases = [(d, n) for d in args.dtypes for n in args.leaves or leaf_counts]
-    if not args.in_process and len(cases) > 1:
-        tables = run_cases_apart(args, cases)
+    if not args.in_process and len(cases) > 1:  # each case: this command, for it alone
+        tables = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for k, (dname, n) in enumerate(cases):
+                out, seen = os.path.join(tmp, f"{k}.json"), os.path.join(tmp, "first_call.json")
+                case = ["--in-process", "--dtypes", dname, "--leaves", str(n), "--json", out]
+                cmd = [sys.executable, __file__, *(sys.argv[1:] if argv is None else argv), *case]
+                subprocess.run([*cmd, "--first-call", seen], check=True, stdout=sys.stderr)
+                with open(out) as f:
+                    tables += [_harness.Table.from_json(t) for t in json.load(f)["tables"]]
+                _harness.save(args, tables)
         _harness.finish(args, tables)
         return tables
-    try:
-        import torch
-
-        torch_ok = not args.no_torch
-    except ImportError:
-        torch_ok = False
     first_call: dict[str, dict[str, float]] = {}
     if args.first_call and os.path.exists(args.first_call):
         with open(args.first_call) as f:
@@ -302,7 +283,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
             f"{limit}; {DISPATCH}: jit's own cost for {n} donated "
             "arrays in and out, which every jitted candidate pays and torch does not."
         )
-        rows, skipped = run_case(args, total, n, reps, warmup, DTYPES[dname], first_call, torch_ok)
+        rows, skipped = run_case(args, total, n, reps, warmup, DTYPES[dname], first_call)
         if skipped:
             notes.append(
                 f"not run at {n} leaves (--budget-s {args.budget_s:g}): "
@@ -322,38 +303,11 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         tables.append(
             _harness.Table(workload, title, "plain copy", rows, "ms", reps, warmup, notes, columns)
         )
-        if torch_ok and dname == "float32" and jax.default_backend() == "cpu":
-            rows = run_torch_case(total, n, reps, warmup)
-            title = f"{total >> 20} MiB float32 over {n} tensors, torch CPU, in place"
-            base = "torch _foreach_copy_"
-            tables.append(
-                _harness.Table(
-                    f"{workload} (torch reference)", title, base, rows, "ms", reps, warmup
-                )
-            )
-            tables[-1].columns = throughput(rows, total)
         _harness.save(args, tables)
     if args.first_call:
         with open(args.first_call, "w") as f:
             json.dump(first_call, f)
     _harness.finish(args, tables)
-    return tables
-
-
-def run_cases_apart(args, cases: list[tuple[str, int]]) -> list[_harness.Table]:
-    """Each (dtype, leaf count) case in a fresh process; their tables in order."""
-    tables: list[_harness.Table] = []
-    flags = [f"--{k.replace('_', '-')}" for k in ("tiny", "no_torch", "no_peers") if vars(args)[k]]
-    with tempfile.TemporaryDirectory() as tmp:
-        for k, (dname, n) in enumerate(cases):
-            out = os.path.join(tmp, f"case{k}.json")
-            cmd = [sys.executable, __file__, "--in-process", "--dtypes", dname, "--leaves", str(n)]
-            cmd += ["--json", out, "--first-call", os.path.join(tmp, "first_call.json")]
-            for opt in ("reps", "warmup", "mib", "threads", "budget_s"):
-                cmd += [f"--{opt.replace('_', '-')}", str(vars(args)[opt])]
-            subprocess.run(cmd + flags, check=True, stdout=sys.stderr)
-            with open(out) as f:
-                tables += [_harness.Table.from_json(t) for t in json.load(f)["tables"]]
     return tables
 
 
