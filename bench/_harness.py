@@ -143,22 +143,12 @@ def torch_device() -> Any:
     return torch.device("cuda") if torch.cuda.is_available() else None
 
 
-# --------------------------------------------------------------------------
-# Machine and versions
-
-
-def _version(mod: str) -> str:
+def _output(*cmd: str) -> str:
     try:
-        return str(getattr(importlib.import_module(mod), "__version__", "?"))
-    except Exception:  # not installed, or broken: say so, do not fail
-        return "not installed"
-
-
-def _output(*cmd: str) -> str | None:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=30).stdout
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
+        return ""
+    return out.strip()
 
 
 def machine_info() -> dict[str, str]:
@@ -169,42 +159,41 @@ def machine_info() -> dict[str, str]:
         devs = ", ".join(sorted({f"{d.platform}:{d.device_kind}" for d in jax.devices()}))
     except Exception as e:  # no backend: still report the rest
         devs = f"unavailable ({e})"
-    cpu = platform.processor() or platform.machine()
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
-            )
     git = ["git", "-C", os.path.dirname(os.path.abspath(__file__))]
-    commit = (_output(*git, "rev-parse", "--short", "HEAD") or "unknown").strip()
-    if _output(*git, "status", "--porcelain", "--untracked-files=no"):
-        commit += "+dirty"
+    dirty = "+dirty" if _output(*git, "status", "--porcelain", "--untracked-files=no") else ""
     info = {
         "date (UTC)": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "cpu": cpu,
+        "cpu": _output("sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2")
+        or platform.machine(),
         "cores (os.cpu_count)": str(os.cpu_count()),
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
         "jax devices": devs,
-        "jax_amp_scale commit": commit,
+        "jax_amp_scale commit": (_output(*git, "rev-parse", "--short", "HEAD") or "unknown")
+        + dirty,
     }
-    query = "--query-gpu=name,driver_version,memory.total"
-    gpu = _output("nvidia-smi", query, "--format=csv,noheader") or ""
-    if gpu.strip():
-        info["gpu (nvidia-smi: name, driver, memory)"] = "; ".join(gpu.split("\n")).strip("; ")
+    if gpu := _output(
+        "nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"
+    ):
+        info["gpu (nvidia-smi: name, driver, memory)"] = "; ".join(gpu.splitlines())
     for mod in ("jax", "jaxlib", "numpy", "optax", "jmp", "flax", "torch", "jax_amp_scale"):
-        info[mod] = _version(mod)
+        try:
+            info[mod] = str(getattr(importlib.import_module(mod), "__version__", "?"))
+        except Exception:  # not installed, or broken: say so, do not fail
+            info[mod] = "not installed"
     return info
-
-
-# --------------------------------------------------------------------------
-# Reports
 
 
 def fmt_time(seconds: float, unit: str) -> str:
     v = seconds * {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     return f"{v:.3g}" if v < 100 else f"{v:.0f}"
+
+
+def _shared(words: list[list[str]]) -> int:
+    """How many leading words all of `words` share."""
+    diff = (i for i, w in enumerate(zip(*words, strict=False)) if len(set(w)) > 1)
+    return next(diff, min(map(len, words)))
 
 
 def tables_markdown(tables: Sequence[Table]) -> str:
@@ -217,18 +206,8 @@ def tables_markdown(tables: Sequence[Table]) -> str:
     out = []
     for (workload, unit, baseline), g in groups.items():
         words = [t.title.split() for t in g]
-        pre = next(
-            (i for i, w in enumerate(zip(*words, strict=False)) if len(set(w)) > 1), len(words[0])
-        )
-        suf = next(
-            (
-                i
-                for i, w in enumerate(zip(*(w[::-1] for w in words), strict=False))
-                if len(set(w)) > 1
-            ),
-            0,
-        )
-        suf = min(suf, min(len(w) for w in words) - pre)
+        pre = _shared(words)
+        suf = min(_shared([w[::-1] for w in words]), min(map(len, words)) - pre)
         heads = [" ".join(w[pre : len(w) - suf]) for w in words]
         shared = " ".join(
             words[0][:pre] + (["…"] if len(g) > 1 else []) + words[0][len(words[0]) - suf :]
@@ -259,44 +238,29 @@ def machine_markdown(info: Mapping[str, str]) -> str:
     return "; ".join(f"{k}: {v}" for k, v in info.items()) + ".\n"
 
 
-# --------------------------------------------------------------------------
-# The command line every workload script shares
-
-
 def parser(description: str, *, reps: int, warmup: int = 2) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
-    p.add_argument(
-        "--tiny", action="store_true", help="tiny sizes, 1 repetition: runs, times nothing"
-    )
+    p.add_argument("--tiny", action="store_true", help="tiny sizes: runs, times nothing")
     p.add_argument("--reps", type=int, default=reps, help=f"repetitions (default {reps})")
     p.add_argument("--warmup", type=int, default=warmup, help=f"warm-up runs (default {warmup})")
     p.add_argument("--json", metavar="PATH", help="also write the tables to PATH as JSON")
     return p
 
 
-def save(args: argparse.Namespace, tables: Sequence[Table], sections: Sequence[Any] = ()) -> None:
-    """Writes --json (if asked) with what is measured so far: a workload
-    stopped at its time limit keeps the tables it finished (run_all.py)."""
-    if not args.json:
-        return
-    out = {
-        "argv": sys.argv,
-        "machine": machine_info(),
-        "tables": [t.to_json() for t in tables],
-        "sections": list(sections),
-    }
-    with open(args.json + ".tmp", "w") as f:
-        json.dump(out, f, indent=1)
-    os.replace(args.json + ".tmp", args.json)
+def save(args, tables: Sequence[Table], sections: Sequence[Mapping] = (), show=False) -> None:
+    """Writes --json (if asked) with what is measured so far, so that a
+    workload stopped at its time limit keeps the tables it finished; `show`:
+    prints the machine and `tables` first.  `sections` are results that are
+    not timings (dicts of "title", "markdown" and "unexplained")."""
+    machine = machine_info()
+    if show:
+        print(machine_markdown(machine) + "\n" + tables_markdown(tables))
+    if args.json:
+        out = {"argv": sys.argv, "machine": machine, "tables": [t.to_json() for t in tables]}
+        with open(args.json + ".tmp", "w") as f:
+            json.dump(out | {"sections": list(sections)}, f, indent=1)
+        os.replace(args.json + ".tmp", args.json)
 
 
-def finish(
-    args: argparse.Namespace, tables: Sequence[Table], sections: Sequence[Mapping] = ()
-) -> None:
-    """Prints the machine and `tables`, and writes --json if asked.
-
-    `sections` are results that are not timings (dicts with "title",
-    "markdown" and "unexplained"), carried to RESULTS.md as they are."""
-    print(machine_markdown(machine_info()))
-    print(tables_markdown(tables))
-    save(args, tables, sections)
+def finish(args, tables: Sequence[Table], sections: Sequence[Mapping] = ()) -> None:
+    save(args, tables, sections, show=True)
