@@ -208,7 +208,8 @@ def write_markdown(path: Path, header: str, body: str) -> None:
 
 def plot(tables: list[_harness.Table], path: Path, workloads: tuple[str, ...] = ("",)) -> None:
     """One panel per workload whose name starts with one of `workloads`: each
-    candidate's ratio to its table's baseline, a bar per table."""
+    candidate's ratio to its table's baseline, a bar per table; compile time
+    against the leaf count."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -217,25 +218,32 @@ def plot(tables: list[_harness.Table], path: Path, workloads: tuple[str, ...] = 
     by: dict[str, list[_harness.Table]] = {}
     for t in (t for t in tables if t.workload.startswith(workloads)):
         by.setdefault(t.workload, []).append(t)
-    names = {
-        w: list(dict.fromkeys(r.name for t in ts for r in t.rows if r.name != t.baseline))
-        for w, ts in by.items()
-    }
+    names = {w: list(dict.fromkeys(r.name for t in ts for r in t.rows)) for w, ts in by.items()}
     heights = [0.3 * len(n) + 1.2 for n in names.values()]
     fig, axes = plt.subplots(len(by), 1, figsize=(10, sum(heights)), squeeze=False,
                              gridspec_kw={"height_ratios": heights})  # fmt: skip
     for ax, (w, ts) in zip(axes[:, 0], by.items(), strict=True):
+        ax.set_title(w, fontsize=9)
+        if w.startswith("3. Compile time"):
+            leaves = {t.title: int(t.title.split(", ")[1].split()[0]) for t in ts}
+            for n in names[w]:
+                pts = [(leaves[t.title], r.median) for t in ts for r in t.rows if r.name == n]
+                ax.loglog(*zip(*pts, strict=True), marker="o", label=n)
+            ax.set(xlabel="parameter leaves", ylabel="trace+compile (s)")
+            ax.legend(fontsize=7)
+            continue
+        names[w] = [n for n in names[w] if n != ts[0].baseline]
         for k, t in enumerate(ts):
             got = {r.name: r.ratio for r in t.rows if r.ratio}
             ys = [i + (k + 0.5) / len(ts) - 0.5 for i, n in enumerate(names[w]) if n in got]
             xs = [got[n] for n in names[w] if n in got]
             ax.barh(ys, xs, height=0.8 / len(ts), label=t.title[:70], color=f"C{k}")
         ax.set_yticks(range(len(names[w])), [n[:60] for n in names[w]], fontsize=7)
-        ax.set_ylim(len(names[w]) - 0.5, -0.5)
-        ax.set_xscale("log")
+        ax.set(ylim=(len(names[w]) - 0.5, -0.5), xscale="log", xlabel="time ratio to the baseline")
         ax.axvline(1.0, color="k", lw=0.8)
+        if w == "1. Step overhead":
+            ax.axvline(1.03, color="tab:red", lw=0.8, ls="--", label="target 1.03")
         ax.legend(fontsize=6)
-        ax.set_title(f"{w}: time ratio to the baseline (lower is faster)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
