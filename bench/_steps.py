@@ -1,9 +1,5 @@
-"""The training step written with each library, for workloads 1 and 3.
-
-A builder takes ``loss_fn(params, batch)``, the float32 ``params`` and an
-optax optimizer and returns ``(carry, step)``; every scaled step scales the
-loss, unscales, checks, skips on overflow and adjusts the scale.
-"""
+"""The training step written with each library, for workloads 1 and 3:
+a builder takes ``(loss_fn, params, optax optimizer)`` and returns ``(carry, step)``."""
 
 from __future__ import annotations
 
@@ -36,8 +32,7 @@ def plain(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
 
 
 def ours(backend: str, drop_overflow_update: bool = True, **options: Any) -> Builder:
-    """`jax_amp_scale.optax.loss_scaled` with `backend`, skipping overflowed
-    steps unless told otherwise; `options` are other `loss_scaled` arguments."""
+    """`jax_amp_scale.optax.loss_scaled` with `backend` and `options`."""
 
     def build(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
         import jax_amp_scale as jas
@@ -58,10 +53,7 @@ def ours(backend: str, drop_overflow_update: bool = True, **options: Any) -> Bui
 
 
 def handwritten_skip(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
-    """The exact skip written by hand, no library: what the default step is
-    held to.  torch's rule at the defaults (factors 2 and 1/2, interval
-    2000); the scale stays a power of two, so the unscaled gradients are
-    torch's bits (adam's may differ by an ulp: XLA rounds by how it fuses)."""
+    """The exact skip by hand, torch's rule at its defaults: what ours is held to."""
 
     def step(carry, batch):
         params, opt_state, scale, tracker = carry
@@ -125,9 +117,7 @@ def flax_dynamic(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformat
 
 
 def optax_if_finite(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
-    """optax has no dynamic scale: a static scale, unscaled by hand, and
-    ``optax.apply_if_finite`` to skip non-finite updates (what an optax user
-    writes)."""
+    """optax has no dynamic scale: a static one, and ``optax.apply_if_finite``."""
     tx = optax.apply_if_finite(opt, max_consecutive_errors=5)
     inv = jnp.float32(1.0 / INIT_SCALE)
 
@@ -166,8 +156,7 @@ def ours_available() -> str | None:
 
 
 def backends() -> tuple[str, ...]:
-    """Our backends to measure on this platform: auto and each that runs the
-    whole step (``"ffi"`` where both operators have a native handler)."""
+    """auto and each backend that runs the whole step on this platform."""
     import jax_amp_scale as jas
 
     return ("auto", *jas.available_backends(op="unscale_and_check"))

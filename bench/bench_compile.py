@@ -1,13 +1,8 @@
 """Workload 3: time to compile the training step as parameter trees grow.
 
-Float16 compute from float32 master weights.  ``tree`` (default): 10 to
-10,000 leaves of 16 floats used elementwise, the worst case for a pass that
-needs the gradients in memory.  ``dense``: an MLP of n/2 32x32 layers up to
-1,000 leaves, weight gradients from dots.  Each sample traces, lowers and
-compiles a fresh function; a candidate whose compile, projected from its
-growth, would pass ``--budget-s`` is not run at that size.
-
-    python bench/bench_compile.py --models dense --budget-s 20
+``tree``: 10 to 10,000 leaves of 16 floats used elementwise; ``dense``
+(``--models dense``): an MLP of n/2 32x32 layers.  A candidate whose
+compile, projected from its growth, would pass ``--budget-s`` is skipped.
 """
 
 from __future__ import annotations

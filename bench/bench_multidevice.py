@@ -1,10 +1,7 @@
 """Workload 7: a training step on eight virtual CPU devices.
 
-An MLP's jitted step plain, and loss-scaled through the pure-JAX pass
-("reference") and the native one ("ffi", per local shard, the flag
-OR-reduced); then the gradient pass alone against a copy.  Layouts: ``fsdp``
-(weights sharded on their first axis) and ``data_parallel`` (replicated);
-the batch sharded in both.
+Plain against the reference and native passes, then the pass alone against
+a copy; ``fsdp`` (weights sharded) and ``data_parallel`` layouts.
 """
 
 from __future__ import annotations

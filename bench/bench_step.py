@@ -1,12 +1,8 @@
 """Workload 1: step overhead of loss scaling in a jitted MLP training step.
 
-About 4.2M parameters (4 dense 1024x1024 layers), batch 256, float32 master
-weights cast to the compute dtype (float16 and float32, a table each), SGD
-with momentum (or adam); every candidate (`_steps.py`) as a ratio to the
-plain step.  The GPU check's tables:
-
-    python bench/bench_step.py --models 4096x8x2048 256x4x64 --optimizer adam \\
-        --compute float16 --torch
+4 dense 1024x1024 layers, batch 256, float32 master weights; every candidate
+in `_steps.py` against the plain step.  The GPU check's tables:
+``--models 4096x8x2048 256x4x64 --optimizer adam --compute float16 --torch``
 """
 
 from __future__ import annotations

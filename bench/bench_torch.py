@@ -1,8 +1,5 @@
 """Workload 5: torch's GradScaler step overhead on CPU, for scale.
 
-Workload 1's MLP in torch (float16 autocast): the plain step against the
-GradScaler step, and the scaler's own work on fixed gradients against a
-plain ``optimizer.step``.  Without torch it says so and exits 0.
 `torch_steps` also serves workload 1's ``--torch``.
 """
 

@@ -1,12 +1,9 @@
 """Workload 2: one pass over the gradients (unscale, check for inf/NaN).
 
-256 MiB of float32 and float16 gradients over 1, 100 and 10,000 leaves, one
-jitted call each, donated, against a copy (``y = -x`` in place), the peers
-(float32 only), torch's fused op, the jit dispatch floor (donated leaves
-returned, no kernel), the memory-bandwidth limit (one buffer negated in
-place) and ours inside a program (a loop of PASSES passes minus one of 1).
-Each case runs in its own process (--in-process: all in this one): XLA:CPU's
-10,000-leaf executables pile up past 22 GB in one.
+256 MiB of gradients over 1, 100 and 10,000 leaves, one donated jitted call,
+against a copy (y = -x), the peers, torch's fused op, the jit dispatch floor,
+the bandwidth limit and ours inside a program.  Each case runs in its own
+process (--in-process: not): XLA:CPU's 10,000-leaf executables pile up.
 """
 
 from __future__ import annotations

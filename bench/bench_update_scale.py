@@ -1,9 +1,5 @@
-"""Workload 4, the operator: update_scale's reference against its FFI call.
-
-scan: in a jitted lax.scan; vmap: the scan over --population states; mlp: a
-small training step with and without it; compile: a fresh jit of it alone
-against a trivial scalar function.  scan and vmap decide what "auto" picks.
-"""
+"""Workload 4, the operator: update_scale's reference against its FFI call
+in a lax.scan, vmapped, in a small step, and its compile time."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """Workload 6: our bits against torch's kernels, on the device JAX runs on.
 
-``amp_update_scale`` (each backend and "auto") against
-``torch._amp_update_scale_`` over random states and factor sets, and
-``unscale_and_check`` against ``torch._amp_foreach_non_finite_check_and_unscale_``
-(with GradScaler's inverse) over random float32 and every float16 and
-bfloat16 bit pattern, at scales up to 2**127.  Explained differences:
-"flushed result" (torch's float32 subnormal result, ours zero: XLA:CPU
-flushes), "flushed operand" (a subnormal gradient or scale read as zero),
-"NaN payload" (NaN bits differ; the flag agrees).  Anything else is
-unexplained and listed.
+update_scale against torch._amp_update_scale_, unscale_and_check against
+torch._amp_foreach_non_finite_check_and_unscale_; every difference not a
+flushed subnormal or a NaN payload is unexplained and listed.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""The package files one traced `loss_scaled(optax.adam(1e-3)).update` enters.
-
-Two float32 leaves on the CPU, under ``sys.settrace`` after a first,
-uncounted lowering; prints the count of files under ``jax_amp_scale/``
-entered by function calls, then the files.
-"""
+"""The package files one traced `loss_scaled(optax.adam(1e-3)).update` enters."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """Runs every workload, each in its own process, then writes RESULTS.md
-(between its marker comments; the hand-written text around is kept),
-results.png, the README's results-summary.png and results.json.
-
-    python bench/run_all.py --tiny --out /tmp/bench-smoke   # smoke
-    python bench/run_all.py --only step unscale   # the others from results.json
-"""
+(between its markers), results.png, results-summary.png and results.json."""
 
 from __future__ import annotations
 
