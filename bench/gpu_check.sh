@@ -129,20 +129,12 @@ JAS_EXAMPLES_DIVISOR=3 stage gpu-tier 150 "$PYTHON" -m pytest -q -p no:cacheprov
 
 # --- results beside the CPU ones ---------------------------------------------
 if [[ -f "$RUN/RESULTS.md" && -f "$RUN/transformer/transformer_lm.md" ]]; then
-  {
-    echo
-    echo "#### The transformer example in four precisions"
-    echo
-    echo "\`python examples/transformer_lm.py ${LM[*]}\` on this machine (seconds: the"
-    echo "whole run with compilation; ms/step: after the first tenth of the steps)."
-    echo
-    cat "$RUN/transformer/transformer_lm.md"
-  } >>"$RUN/RESULTS.md"
+  printf '\n#### The transformer example in four precisions\n\n`python examples/transformer_lm.py %s` (seconds: the whole run with compilation; ms/step: after the first tenth of the steps).\n\n' \
+    "${LM[*]}" >>"$RUN/RESULTS.md"
+  cat "$RUN/transformer/transformer_lm.md" >>"$RUN/RESULTS.md"
 fi
 if [[ -f "$RUN/RESULTS.md" && $DRY == 0 ]]; then
-  cp "$RUN/RESULTS.md" bench/RESULTS-gpu.md
-  cp "$RUN/results.json" bench/results-gpu.json
-  [[ -f "$RUN/results.png" ]] && cp "$RUN/results.png" bench/results-gpu.png
+  for f in RESULTS.md results.json results.png; do cp "$RUN/$f" "bench/${f/./-gpu.}"; done
   say "wrote bench/RESULTS-gpu.md, bench/results-gpu.json, bench/results-gpu.png"
 elif [[ $DRY == 1 ]]; then
   say "dry run: results in $RUN/ (not copied beside the CPU ones)"
