@@ -213,6 +213,8 @@ def plot(tables: list[_harness.Table], path: Path, workloads: tuple[str, ...] = 
     by: dict[str, list[_harness.Table]] = {}
     for t in (t for t in tables if t.workload.startswith(workloads)):
         by.setdefault(t.workload, []).append(t)
+    if not by:
+        return
     names = {w: list(dict.fromkeys(r.name for t in ts for r in t.rows)) for w, ts in by.items()}
     heights = [0.3 * len(n) + 1.2 for n in names.values()]
     fig, axes = plt.subplots(len(by), 1, figsize=(10, sum(heights)), squeeze=False,
