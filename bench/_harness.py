@@ -1,15 +1,9 @@
-"""Shared benchmark harness: interleaved repetitions, medians, ratios, reports.
+"""The benchmark harness: interleaved repetitions, paired ratios, reports.
 
-Every workload script builds a dict of candidates (name -> zero-argument
-callable that runs one unit of work and blocks until it is done) and hands it
-to `measure`.  `measure` warms every candidate up, then runs repetitions in
-which each candidate runs once, in an order rotated every repetition, so that
-drift in a shared machine's load hits every candidate alike.  Ratios to the
-baseline are the median of the per-repetition ratios (paired, same
-repetition), which is more robust to drift than a ratio of medians.
-
-Results are plain dicts (JSON-serialisable) so that `bench/run_all.py` can
-collect them from every workload into one ``RESULTS.md`` and one plot.
+Candidates are name -> zero-argument callables that block until done.  After
+warm-up, each repetition runs every candidate once, the order rotated, and a
+ratio is the median of per-repetition ratios to the baseline (paired), so
+load drift cancels.  bench/ imports only the package's public API.
 """
 
 from __future__ import annotations
@@ -62,7 +56,7 @@ class Table:
     reps: int = 0
     warmup: int = 0
     notes: list[str] = dataclasses.field(default_factory=list)
-    # extra per-row column: name -> (header, {row name: formatted value})
+    # extra columns: header -> {row name: formatted value}
     columns: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -70,9 +64,7 @@ class Table:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Table:
-        d = dict(d)
-        d["rows"] = [Row(**r) for r in d["rows"]]
-        return cls(**d)
+        return cls(**{**d, "rows": [Row(**r) for r in d["rows"]]})
 
     def row(self, name: str) -> Row:
         for r in self.rows:
@@ -82,26 +74,10 @@ class Table:
 
 
 def measure(
-    candidates: Mapping[str, Candidate],
-    *,
-    baseline: str | None,
-    reps: int,
-    warmup: int = 2,
-    inner: int = 1,
+    candidates: Mapping[str, Candidate], *, baseline: str | None, reps: int, warmup: int = 2
 ) -> list[Row]:
-    """Times `candidates` interleaved in this process.
-
-    Args:
-      candidates: name -> callable running one unit of work to completion
-        (it must block, e.g. ``jax.block_until_ready``).
-      baseline: name of the candidate ratios are taken to, or None.
-      reps: repetitions; each runs every candidate once (``inner`` calls).
-      warmup: untimed runs of each candidate first (compilation, caches).
-      inner: calls per timed sample; the sample is their mean.
-
-    Returns:
-      One `Row` per candidate, in the order given, times in seconds.
-    """
+    """One `Row` per candidate, in the order given, times in seconds; ratios
+    to `baseline` (a candidate's name, or None), paired per repetition."""
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
     names = list(candidates)
@@ -114,24 +90,43 @@ def measure(
     for rep in range(reps):
         k = rep % len(names)
         for n in names[k:] + names[:k]:  # rotate the order every repetition
-            fn = candidates[n]
             t0 = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            times[n].append((time.perf_counter() - t0) / inner)
-    rows = []
-    for n in names:
-        ratios = None
-        if baseline is not None:
-            ratios = [a / b for a, b in zip(times[n], times[baseline], strict=True)]
-        rows.append(Row(n, times[n], ratios))
-    return rows
+            candidates[n]()
+            times[n].append(time.perf_counter() - t0)
+    return [
+        Row(n, times[n], None if baseline is None else _ratios(times[n], times[baseline]))
+        for n in names
+    ]
+
+
+def _ratios(times: list[float], base: list[float]) -> list[float]:
+    return [a / b for a, b in zip(times, base, strict=True)]
 
 
 def paired_ratio(row: Row, base: Row) -> float:
-    """The median of `row`'s time over `base`'s, paired per repetition (both
-    ran in each repetition, so load drift cancels)."""
-    return statistics.median(a / b for a, b in zip(row.times, base.times, strict=True))
+    """The median of `row`'s time over `base`'s, paired per repetition."""
+    return statistics.median(_ratios(row.times, base.times))
+
+
+def timed_table(
+    workload: str,
+    title: str,
+    candidates: Mapping[str, Candidate],
+    *,
+    baseline: str | None,
+    reps: int,
+    warmup: int,
+    unit: str = "ms",
+    notes: Sequence[str] = (),
+) -> Table:
+    """`measure` the candidates into a `Table`."""
+    rows = measure(candidates, baseline=baseline, reps=reps, warmup=warmup)
+    return Table(workload, title, baseline, rows, unit, reps, warmup, list(notes))
+
+
+def overhead_ms(rows: Sequence[Row]) -> dict[str, dict[str, str]]:
+    """The "overhead (ms)" column: each row's median minus the first row's."""
+    return {"overhead (ms)": {r.name: f"{(r.median - rows[0].median) * 1e3:+.2f}" for r in rows}}
 
 
 def torch_device() -> Any:
@@ -148,53 +143,12 @@ def torch_device() -> Any:
     return torch.device("cuda") if torch.cuda.is_available() else None
 
 
-def time_once(fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-# --------------------------------------------------------------------------
-# Machine and versions
-
-
-def _version(mod: str) -> str:
+def _output(*cmd: str) -> str:
     try:
-        m = importlib.import_module(mod)
-    except Exception:  # not installed, or broken: say so, do not fail
-        return "not installed"
-    return str(getattr(m, "__version__", "?"))
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _git_commit() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        out = subprocess.run(
-            ["git", "-C", here, "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        dirty = subprocess.run(
-            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        return out.stdout.strip() + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.strip()
 
 
 def machine_info() -> dict[str, str]:
@@ -205,144 +159,108 @@ def machine_info() -> dict[str, str]:
         devs = ", ".join(sorted({f"{d.platform}:{d.device_kind}" for d in jax.devices()}))
     except Exception as e:  # no backend: still report the rest
         devs = f"unavailable ({e})"
+    git = ["git", "-C", os.path.dirname(os.path.abspath(__file__))]
+    dirty = "+dirty" if _output(*git, "status", "--porcelain", "--untracked-files=no") else ""
     info = {
         "date (UTC)": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "cpu": _cpu_model(),
+        "cpu": _output("sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2")
+        or platform.machine(),
         "cores (os.cpu_count)": str(os.cpu_count()),
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
         "jax devices": devs,
-        "jax_amp_scale commit": _git_commit(),
+        "jax_amp_scale commit": (_output(*git, "rev-parse", "--short", "HEAD") or "unknown")
+        + dirty,
     }
-    gpu = _nvidia_gpu()
-    if gpu:
-        info["gpu (nvidia-smi: name, driver, memory)"] = gpu
+    if gpu := _output(
+        "nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"
+    ):
+        info["gpu (nvidia-smi: name, driver, memory)"] = "; ".join(gpu.splitlines())
     for mod in ("jax", "jaxlib", "numpy", "optax", "jmp", "flax", "torch", "jax_amp_scale"):
-        info[mod] = _version(mod)
+        try:
+            info[mod] = str(getattr(importlib.import_module(mod), "__version__", "?"))
+        except Exception:  # not installed, or broken: say so, do not fail
+            info[mod] = "not installed"
     return info
 
 
-def _nvidia_gpu() -> str:
-    """The NVIDIA GPUs as nvidia-smi names them ("" without one)."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return "; ".join(line.strip() for line in out.stdout.splitlines() if line.strip())
-
-
-# --------------------------------------------------------------------------
-# Reports
-
-
 def fmt_time(seconds: float, unit: str) -> str:
-    scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
-    v = seconds * scale
+    v = seconds * {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     return f"{v:.3g}" if v < 100 else f"{v:.0f}"
 
 
-def table_markdown(t: Table) -> str:
-    """A markdown table: median, min, max, ratio to the baseline (min-max)."""
-    extra_cols = list(t.columns)
-    head = ["candidate", f"median ({t.unit})", f"min ({t.unit})", f"max ({t.unit})"]
-    if t.baseline is not None:
-        head += [f"ratio to {t.baseline}", "ratio min-max"]
-    head += extra_cols
-    lines = [
-        f"#### {t.workload}: {t.title}",
-        "",
-        f"{t.reps} interleaved repetitions after {t.warmup} warm-up runs.",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|",
-    ]
-    for r in t.rows:
-        cells = [
-            r.name + (f" ({r.note})" if r.note else ""),
-            fmt_time(r.median, t.unit),
-            fmt_time(min(r.times), t.unit),
-            fmt_time(max(r.times), t.unit),
+def _shared(words: list[list[str]]) -> int:
+    """How many leading words all of `words` share."""
+    diff = (i for i, w in enumerate(zip(*words, strict=False)) if len(set(w)) > 1)
+    return next(diff, min(map(len, words)))
+
+
+def tables_markdown(tables: Sequence[Table]) -> str:
+    """Markdown, one table per workload, unit and baseline: a row per
+    candidate, a column per table (the words its titles do not share), each
+    cell the median and (the paired ratio); min and max stay in the JSON."""
+    groups: dict[tuple, list[Table]] = {}
+    for t in tables:
+        groups.setdefault((t.workload, t.unit, t.baseline), []).append(t)
+    out = []
+    for (workload, unit, baseline), g in groups.items():
+        words = [t.title.split() for t in g]
+        pre = _shared(words)
+        suf = min(_shared([w[::-1] for w in words]), min(map(len, words)) - pre)
+        heads = [" ".join(w[pre : len(w) - suf]) for w in words]
+        shared = " ".join(
+            words[0][:pre] + (["…"] if len(g) > 1 else []) + words[0][len(words[0]) - suf :]
+        )
+        ratio = f" (ratio to {baseline})" if baseline is not None else ""
+        reps = "/".join(dict.fromkeys(f"{t.reps} ({t.warmup})" for t in g))
+        key = lambda r: r.name + (f" ({r.note})" if r.note else "")  # noqa: E731
+        out += [
+            f"#### {workload}: {shared}",
+            f"Median {unit}{ratio}; interleaved repetitions (warm-up runs): {reps}.",
+            "",
+            "| candidate | " + " | ".join(heads if len(g) > 1 else ["median"]) + " |",
+            "|---|" + "---:|" * len(g),
         ]
-        if t.baseline is not None:
-            if r.ratios:
-                cells += [f"{r.ratio:.3f}", f"{min(r.ratios):.3f}-{max(r.ratios):.3f}"]
-            else:
-                cells += ["", ""]
-        cells += [t.columns[c].get(r.name, "") for c in extra_cols]
-        lines.append("| " + " | ".join(cells) + " |")
-    if t.notes:
-        lines.append("")
-        lines += [f"- {n}" for n in t.notes]
-    return "\n".join(lines) + "\n"
+        for n in dict.fromkeys(key(r) for t in g for r in t.rows):
+            cells = []
+            for t in g:
+                r = next((r for r in t.rows if key(r) == n), None)
+                ratio = "" if r is None or r.ratio is None else f" ({r.ratio:.3f})"
+                cells.append("" if r is None else fmt_time(r.median, t.unit) + ratio)
+            out.append(f"| {n} | " + " | ".join(cells) + " |")
+        notes = list(dict.fromkeys(n for t in g for n in t.notes))
+        out += ["", *(f"- {n}" for n in notes), *([""] if notes else [])]
+    return "\n".join(out)
 
 
 def machine_markdown(info: Mapping[str, str]) -> str:
-    lines = ["| | |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in info.items()]
-    return "\n".join(lines) + "\n"
-
-
-def print_tables(tables: Sequence[Table]) -> None:
-    for t in tables:
-        print(table_markdown(t))
-
-
-# --------------------------------------------------------------------------
-# Command line shared by every workload script
+    return "; ".join(f"{k}: {v}" for k, v in info.items()) + ".\n"
 
 
 def parser(description: str, *, reps: int, warmup: int = 2) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
-    p.add_argument(
-        "--tiny",
-        action="store_true",
-        help="tiny sizes and 1 repetition: checks that the workload runs (no timing value)",
-    )
+    p.add_argument("--tiny", action="store_true", help="tiny sizes: runs, times nothing")
     p.add_argument("--reps", type=int, default=reps, help=f"repetitions (default {reps})")
     p.add_argument("--warmup", type=int, default=warmup, help=f"warm-up runs (default {warmup})")
     p.add_argument("--json", metavar="PATH", help="also write the tables to PATH as JSON")
     return p
 
 
-def save(
-    args: argparse.Namespace,
-    tables: Sequence[Table],
-    sections: Sequence[Mapping[str, Any]] = (),
-) -> None:
-    """Writes --json (if asked) with what is measured so far: a workload
-    stopped at its time limit keeps the tables it finished (run_all.py)."""
-    if not args.json:
-        return
-    with open(args.json + ".tmp", "w") as f:
-        json.dump(
-            {
-                "argv": sys.argv,
-                "machine": machine_info(),
-                "tables": [t.to_json() for t in tables],
-                "sections": list(sections),
-            },
-            f,
-            indent=1,
-        )
-    os.replace(args.json + ".tmp", args.json)
+def save(args, tables: Sequence[Table], sections: Sequence[Mapping] = (), show=False) -> None:
+    """Writes --json (if asked) with what is measured so far, so that a
+    workload stopped at its time limit keeps the tables it finished; `show`:
+    prints the machine and `tables` first.  `sections` are results that are
+    not timings (dicts of "title", "markdown" and "unexplained")."""
+    machine = machine_info()
+    if show:
+        print(machine_markdown(machine) + "\n" + tables_markdown(tables))
+    if args.json:
+        out = {"argv": sys.argv, "machine": machine, "tables": [t.to_json() for t in tables]}
+        with open(args.json + ".tmp", "w") as f:
+            json.dump(out | {"sections": list(sections)}, f, indent=1)
+        os.replace(args.json + ".tmp", args.json)
 
 
-def finish(
-    args: argparse.Namespace,
-    tables: Sequence[Table],
-    sections: Sequence[Mapping[str, Any]] = (),
-) -> None:
-    """Prints the machine header and `tables`, and writes --json if asked.
-
-    `sections` are results that are not timings (each a dict with "title"
-    and "markdown"), carried to RESULTS.md as they are."""
-    print(machine_markdown(machine_info()))
-    print_tables(tables)
-    save(args, tables, sections)
+def finish(args, tables: Sequence[Table], sections: Sequence[Mapping] = ()) -> None:
+    save(args, tables, sections, show=True)

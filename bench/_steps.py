@@ -1,15 +1,5 @@
-"""The training step written with each library, for workloads 1 and 3.
-
-Each builder takes ``loss_fn(params, batch) -> float32 scalar`` (params are
-the float32 master weights; `loss_fn` casts them to the compute dtype
-itself), the initial float32 ``params`` and an optax optimizer, and returns
-``(carry, step)`` with ``step(carry, batch) -> carry`` ready to ``jax.jit``.
-The carry holds everything that changes between steps.
-
-Every scaled variant does the same work a user's step does: scale the loss,
-differentiate, unscale, check for inf/NaN, skip the update on overflow and
-adjust the scale.  The optimizer and the model are the same for all.
-"""
+"""The training step written with each library, for workloads 1 and 3:
+a builder takes ``(loss_fn, params, optax optimizer)`` and returns ``(carry, step)``."""
 
 from __future__ import annotations
 
@@ -42,8 +32,7 @@ def plain(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
 
 
 def ours(backend: str, drop_overflow_update: bool = True, **options: Any) -> Builder:
-    """`jax_amp_scale.optax.loss_scaled` with `backend`, skipping overflowed
-    steps unless told otherwise; `options` are other `loss_scaled` arguments."""
+    """`jax_amp_scale.optax.loss_scaled` with `backend` and `options`."""
 
     def build(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
         import jax_amp_scale as jas
@@ -64,12 +53,7 @@ def ours(backend: str, drop_overflow_update: bool = True, **options: Any) -> Bui
 
 
 def handwritten_skip(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
-    """The exact skip written by hand, no library: what the default step is
-    held to.  torch's rule at the defaults (factors 2 and 1/2, interval
-    2000); the scale stays a power of two, so ``1 / scale`` and the float32
-    products are exact and the unscaled gradients are torch's bits.  (The
-    whole step's bits may still differ from `loss_scaled`'s by an ulp: XLA
-    rounds adam's divide and square root by how it fuses them.)"""
+    """The exact skip by hand, torch's rule at its defaults: what ours is held to."""
 
     def step(carry, batch):
         params, opt_state, scale, tracker = carry
@@ -133,9 +117,7 @@ def flax_dynamic(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformat
 
 
 def optax_if_finite(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
-    """optax has no dynamic scale: a static scale, unscaled by hand, and
-    ``optax.apply_if_finite`` to skip non-finite updates (what an optax user
-    writes)."""
+    """optax has no dynamic scale: a static one, and ``optax.apply_if_finite``."""
     tx = optax.apply_if_finite(opt, max_consecutive_errors=5)
     inv = jnp.float32(1.0 / INIT_SCALE)
 
@@ -165,23 +147,16 @@ def candidates(backends: tuple[str, ...]) -> dict[str, Builder]:
 
 
 def ours_available() -> str | None:
-    """None when the training API is importable, else why not."""
+    """None when the training API imports, else why not."""
     try:
-        import jax_amp_scale as jas
-        from jax_amp_scale import optax as jas_optax
+        from jax_amp_scale import optax as jas_optax  # noqa: F401
     except ImportError as e:
         return f"jax_amp_scale.optax not importable: {e}"
-    for name in ("scale_loss", "unscale_and_check"):
-        if not hasattr(jas, name):
-            return f"jax_amp_scale.{name} missing"
-    if not hasattr(jas_optax, "loss_scaled"):
-        return "jax_amp_scale.optax.loss_scaled missing"
     return None
 
 
 def backends() -> tuple[str, ...]:
-    """Our backends to measure on this platform: auto and each that runs the
-    whole step (``"ffi"`` where both operators have a native handler)."""
+    """auto and each backend that runs the whole step on this platform."""
     import jax_amp_scale as jas
 
     return ("auto", *jas.available_backends(op="unscale_and_check"))

@@ -1,31 +1,8 @@
 """Workload 3: time to compile the training step as parameter trees grow.
 
-Two models, computed in float16 from float32 master weights (the default
-runs the tree only):
-
-- ``tree``: 10, 100, 1,000 and 10,000 leaves, each a float32 vector of 16
-  values, used elementwise.
-  The gradient of each leaf is an elementwise kernel that the plain step
-  fuses into the optimizer's update: the worst case for any scaled step
-  that needs the gradients in memory before it updates.
-- ``dense``: an MLP of n/2 dense layers (32x32 weight and a bias each,
-  batch 16).  Weight gradients come out of dots, as in real models.  Up to
-  1,000 leaves by default: XLA:CPU compiling the plain step of 5,000 such
-  layers ran this 23 GB machine out of memory.
-
-The same step per candidate as workload 1 (`_steps.py`; of ours
-``backend="auto"``, the fused native gradient pass on CPU, and
-``"reference"``, the pure-JAX pass with one kernel per leaf).  A candidate
-whose compile, projected from its growth so far, would pass ``--budget-s``
-is not run at that size and the table says so.  Each sample traces, lowers
-and compiles a fresh function object (nothing cached between samples),
-split into trace+lower and the XLA compile.  Growth is linear when the time
-per leaf stays flat from 1,000 to 10,000 leaves; the ratio to the plain
-step's compile time is paired per repetition as everywhere in bench/.
-
-    python bench/bench_compile.py                                # tree model
-    python bench/bench_compile.py --models dense --budget-s 20   # dense model
-    python bench/bench_compile.py --tiny                         # smoke
+``tree``: 10 to 10,000 leaves of 16 floats used elementwise; ``dense``
+(``--models dense``): an MLP of n/2 32x32 layers.  A candidate whose
+compile, projected from its growth, would pass ``--budget-s`` is skipped.
 """
 
 from __future__ import annotations
@@ -34,20 +11,15 @@ import dataclasses
 import itertools
 import math
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-import jax
-import jax.numpy as jnp
-import optax
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness
 import _steps
+import jax
+import jax.numpy as jnp
+import optax
 
 LEAF = 16
 WIDTH = 32  # dense model: layer width
@@ -158,44 +130,32 @@ def run_case(model: Model, n: int, builders: dict[str, _steps.Builder], reps: in
     return rows
 
 
-def projected(history: dict[int, float], n: int) -> float | None:
-    """Seconds one compile at `n` leaves would take, from the sizes already run.
+def exponent(t: dict[int, float], a: int, b: int) -> float:
+    """k in t ~ n**k between `a` and `b` leaves (1 = linear)."""
+    return math.log(t[b] / t[a]) / math.log(b / a)
 
-    The growth exponent between the two largest sizes run so far (at least
-    1: compile time never grows slower than the tree) carries the last time
-    forward.
-    """
+
+def projected(history: dict[int, float], n: int) -> float | None:
+    """Seconds one compile at `n` leaves would take: the last size's time
+    carried forward with the growth between the two largest sizes run so far
+    (at least linear)."""
     sizes = sorted(history)
     if not sizes:
         return None
-    last = sizes[-1]
-    k = 1.0
-    if len(sizes) >= 2:
-        prev = sizes[-2]
-        k = max(1.0, math.log(history[last] / history[prev]) / math.log(last / prev))
-    return history[last] * (n / last) ** k
+    k = max(1.0, exponent(history, *sizes[-2:])) if len(sizes) >= 2 else 1.0
+    return history[sizes[-1]] * (n / sizes[-1]) ** k
 
 
-def run_model(
-    model: Model,
-    builders: dict[str, _steps.Builder],
-    leaf_counts: tuple[int, ...],
-    args: Any,
-    why: str | None,
-) -> list[_harness.Table]:
+def run_model(model: Model, builders: dict, leaf_counts: tuple[int, ...], args: Any, why):
     """One model's tables, one per leaf count, with the growth column."""
     tables: list[_harness.Table] = []
-    per_leaf: dict[str, dict[int, float]] = {k: {} for k in builders}
+    seconds: dict[str, dict[int, float]] = {k: {} for k in builders}  # one compile
     for n in leaf_counts:
-        if args.tiny:
-            reps, warmup = 1, 0
-        elif n >= 100:
-            reps, warmup = args.reps_large, 0
-        else:
-            reps, warmup = args.reps, args.warmup
+        reps, warmup = (args.reps_large, 0) if n >= 100 else (args.reps, args.warmup)
+        reps, warmup = (1, 0) if args.tiny else (reps, warmup)
         run_now, skipped = {}, []
         for name, b in builders.items():
-            proj = projected({k: v * k for k, v in per_leaf[name].items()}, n)
+            proj = projected(seconds[name], n)
             if proj is not None and proj > args.budget_s:
                 skipped.append(f"{name} (projected {proj:.0f} s)")
             else:
@@ -207,14 +167,6 @@ def run_model(
             )
             break
         rows = run_case(model, n, run_now, reps, warmup)
-        for r in rows:
-            per_leaf[r.name][n] = r.median / n
-        split_col = {
-            r.name: "{:.2f} + {:.2f}".format(
-                statistics.median(r.extra["lower_s"]), statistics.median(r.extra["compile_s"])
-            )
-            for r in rows
-        }
         notes = [] if why is None else [f"ours not measured: {why}"]
         if skipped:
             notes.append(
@@ -223,85 +175,47 @@ def run_model(
             )
         if warmup == 0:
             notes.append("no warm-up at this size: every sample is a cold trace+compile anyway")
-        tables.append(
-            _harness.Table(
-                workload=model.workload,
-                title=model.title.format(n=n),
-                baseline="plain",
-                rows=rows,
-                unit="s",
-                reps=reps,
-                warmup=warmup,
-                notes=notes,
-                columns={"trace+lower + XLA compile (s)": split_col},
-            )
-        )
+        split = {}
+        for r in rows:
+            seconds[r.name][n] = r.median
+            lower, comp = (statistics.median(r.extra[k]) for k in ("lower_s", "compile_s"))
+            split[r.name] = f"{lower:.2f} + {comp:.2f}"
+        t = _harness.Table(model.workload, model.title.format(n=n), "plain", rows, "s")
+        t.reps, t.warmup, t.notes = reps, warmup, notes
+        t.columns = {"trace+lower + XLA compile (s)": split}
+        tables.append(t)
     if len(leaf_counts) >= 2:
-        growth = {}
-        for name, d in per_leaf.items():
-            # exponent k in t ~ n**k between consecutive sizes; 1 = linear
-            ks = []
-            for a, b in itertools.pairwise(leaf_counts):
-                if a in d and b in d:
-                    k = math.log((d[b] * b) / (d[a] * a)) / math.log(b / a)
-                    ks.append(f"{a}->{b}: {k:.2f}")
-            growth[name] = ", ".join(ks)
+        growth = {
+            name: ", ".join(
+                f"{a}->{b}: {exponent(d, a, b):.2f}"
+                for a, b in itertools.pairwise(leaf_counts)
+                if a in d and b in d
+            )
+            for name, d in seconds.items()
+        }
         for t in tables:
-            t.columns["growth exponent (1 = linear)"] = {
-                r.name: growth.get(r.name, "") for r in t.rows
-            }
+            t.columns["growth exponent (1 = linear)"] = {r.name: growth[r.name] for r in t.rows}
     return tables
 
 
 def main(argv: list[str] | None = None) -> list[_harness.Table]:
     p = _harness.parser(__doc__.splitlines()[0], reps=3, warmup=1)
-    p.add_argument(
-        "--models",
-        nargs="+",
-        choices=list(MODELS),
-        default=["tree"],
-        help="which models (default tree; run dense on its own with --budget-s 20: "
-        "inside run_all with a 60 s budget it was killed for memory on a 23 GB machine)",
-    )
-    p.add_argument(
-        "--leaves",
-        type=int,
-        nargs="+",
-        default=None,
-        help="leaf counts (default: tree 10 100 1000 10000, dense 10 100 1000; --tiny: 2 4)",
-    )
-    p.add_argument(
-        "--budget-s",
-        type=float,
-        default=100.0,
-        help="skip a candidate at a size where one compile is projected to take longer "
-        "(from its growth so far; default 100 s)",
-    )
-    p.add_argument(
-        "--reps-large",
-        type=int,
-        default=1,
-        help="repetitions at 100 leaves and above, where one compile takes seconds",
-    )
-    p.add_argument(
-        "--candidates",
-        nargs="+",
-        default=None,
-        help="run only these candidates (names as in the table; plain always runs)",
-    )
+    p.add_argument("--models", nargs="+", choices=list(MODELS), default=["tree"])
+    p.add_argument("--leaves", type=int, nargs="+", help="leaf counts (default: the model's)")
+    p.add_argument("--budget-s", type=float, default=100.0, help="per compile (default 100)")
+    p.add_argument("--reps-large", type=int, default=1, help="repetitions from 100 leaves")
+    p.add_argument("--candidates", nargs="+", help="only these (and plain), by table name")
     args = p.parse_args(argv)
     why = _steps.ours_available()
     # auto: one custom call for the whole gradient pass (CPU); reference: one
     # kernel and one reduction per leaf.  "ffi" compiles as auto does.
     builders = _steps.candidates(("auto", "reference") if why is None else ())
     if args.candidates:
-        keep = {"plain", *args.candidates}
-        builders = {k: v for k, v in builders.items() if k in keep}
+        builders = {k: v for k, v in builders.items() if k in {"plain", *args.candidates}}
     tables = []
     for name in args.models:
-        model = MODELS[name]
-        leaf_counts = tuple(args.leaves or ((2, 4) if args.tiny else model.leaf_counts))
-        tables += run_model(model, builders, leaf_counts, args, why)
+        counts = args.leaves or ((2, 4) if args.tiny else MODELS[name].leaf_counts)
+        tables += run_model(MODELS[name], builders, tuple(counts), args, why)
     _harness.finish(args, tables)
     return tables
 

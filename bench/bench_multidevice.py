@@ -1,29 +1,7 @@
-"""Workload 7: a training step on eight devices, sharded FSDP-style and data-parallel.
+"""Workload 7: a training step on eight virtual CPU devices.
 
-Eight virtual CPU devices (``--xla_force_host_platform_device_count=8``, set
-here before JAX starts).  An MLP's step under ``jax.jit``, three ways side by
-side, interleaved:
-
-* plain: ``grad`` then SGD (no loss scaling);
-* reference: the loss scaled, the gradients unscaled and checked by the
-  pure-JAX pass, the step skipped on overflow, the scale updated
-  (``backend="reference"``);
-* native: the same with the native fused pass (``backend="ffi"``), which
-  runs on each device's local shards and OR-reduces the flag
-  (lowering/partitioning.py).
-
-A second pair of tables times the gradient pass alone on the same trees
-(one jitted call, gradients donated): a plain elementwise copy (``-g``,
-the baseline), the reference pass and the native pass.
-
-Two layouts: ``fsdp`` (every weight sharded on its first axis over the 8
-devices, gathered for the forward pass as FSDP/ZeRO-3 does, the batch
-sharded too) and ``data_parallel`` (parameters replicated, the batch
-sharded).  Ratios are to the plain step; what "auto" picks with several
-devices rests on the native row being at least as fast as the reference.
-
-    python bench/bench_multidevice.py            # full size
-    python bench/bench_multidevice.py --tiny     # smoke
+Plain against the reference and native passes, then the pass alone against
+a copy; ``fsdp`` (weights sharded) and ``data_parallel`` layouts.
 """
 
 from __future__ import annotations
@@ -34,15 +12,10 @@ _FLAG = "--xla_force_host_platform_device_count"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}=8".strip()
 
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _harness import Table, finish, measure, parser  # noqa: E402
+from _harness import Table, finish, parser, timed_table  # noqa: E402
 from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
@@ -88,98 +61,77 @@ def _steps(depth: int, gather: bool) -> dict[str, object]:
     return {"plain": plain, "reference": scaled("reference"), "native": scaled("ffi")}
 
 
+NOTES = [
+    "8 virtual CPU devices sharing this machine's cores "
+    "(XLA_FLAGS=--xla_force_host_platform_device_count=8)",
+    "fsdp: weights sharded P('d') on their first axis; data_parallel: replicated; "
+    "the batch sharded P('d') in both",
+]
+
+
 def _table(layout: str, width: int, depth: int, batch: int, args) -> Table:
     mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Auto,))
     fsdp = layout == "fsdp"
-    spec = {k: P("d") if fsdp else P() for k in _params(width, depth)}
+    host = _params(width, depth)
     with jax.sharding.use_mesh(mesh) if hasattr(jax.sharding, "use_mesh") else mesh:
         params = {
-            k: jax.device_put(v, NamedSharding(mesh, spec[k]))
-            for k, v in _params(width, depth).items()
+            k: jax.device_put(v, NamedSharding(mesh, P("d") if fsdp else P()))
+            for k, v in host.items()
         }
-        x = jax.device_put(
-            np.random.default_rng(1).standard_normal((batch, width)).astype(np.float32),
-            NamedSharding(mesh, P("d")),
-        )
+        x = np.random.default_rng(1).standard_normal((batch, width)).astype(np.float32)
+        x = jax.device_put(x, NamedSharding(mesh, P("d")))
         state = jax.device_put(jas.init_scale_state(2.0**10), NamedSharding(mesh, P()))
         candidates = {}
         for name, fn in _steps(depth, gather=fsdp).items():
             step = jax.jit(fn)
             step(params, x, state)  # compile
-
-            def run(step=step):
-                jax.block_until_ready(step(params, x, state))
-
-            candidates[name] = run
-        rows = measure(candidates, baseline="plain", reps=args.reps, warmup=args.warmup)
-    n = sum(int(np.prod(v.shape)) for v in params.values())
-    return Table(
-        workload="7. Eight devices",
-        title=f"{layout}: MLP {n / 1e6:.1f}M float32 params ({depth}x{width}), batch {batch}",
-        baseline="plain",
-        rows=rows,
-        reps=args.reps,
-        warmup=args.warmup,
-        notes=[
-            "8 virtual CPU devices sharing this machine's cores "
-            "(XLA_FLAGS=--xla_force_host_platform_device_count=8)",
-            "fsdp: weights sharded P('d') on their first axis; data_parallel: replicated; "
-            "the batch sharded P('d') in both",
-        ],
-    )
+            candidates[name] = lambda step=step: jax.block_until_ready(step(params, x, state))
+        n = sum(v.size for v in host.values()) / 1e6
+        title = f"{layout}: MLP {n:.1f}M float32 params ({depth}x{width}), batch {batch}"
+        return _timed(title, candidates, "plain", args, NOTES)
 
 
 def _pass_table(layout: str, width: int, depth: int, args) -> Table:
     mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Auto,))
-    spec = P("d") if layout == "fsdp" else P()
     host = _params(width, depth, seed=2)
-    shardings = {k: NamedSharding(mesh, spec) for k in host}
-
-    def fresh():
-        return {k: jax.device_put(v, shardings[k]) for k, v in host.items()}
-
+    sharding = NamedSharding(mesh, P("d") if layout == "fsdp" else P())
     # Scale 1: the values stay put however many samples run (no drift into
     # subnormals); the passes multiply by the inverse all the same.
-    inv = jnp.float32(1.0)
     fns = {
         "copy (-g)": lambda g: (jax.tree.map(lambda x: -x, g), jnp.array(False)),
-        "reference": lambda g: jas.unscale_and_check(g, 1 / inv, backend="reference"),
-        "native": lambda g: jas.unscale_and_check(g, 1 / inv, backend="ffi"),
+        "reference": lambda g: jas.unscale_and_check(g, jnp.float32(1), backend="reference"),
+        "native": lambda g: jas.unscale_and_check(g, jnp.float32(1), backend="ffi"),
     }
     candidates = {}
     for name, fn in fns.items():
         step = jax.jit(fn, donate_argnums=0)
-        box = [fresh()]
+        box = [{k: jax.device_put(v, sharding) for k, v in host.items()}]
 
         def run(step=step, box=box):
-            out, _ = step(box[0])
-            box[0] = jax.block_until_ready(out)
+            box[0] = jax.block_until_ready(step(box[0])[0])
 
         candidates[name] = run
-    rows = measure(candidates, baseline="copy (-g)", reps=args.reps, warmup=args.warmup)
-    n = sum(int(np.prod(v.shape)) for v in host.values())
-    return Table(
-        workload="7. Eight devices",
-        title=f"{layout}: the gradient pass alone, {n / 1e6:.1f}M float32 values, {len(host)} leaves",
-        baseline="copy (-g)",
-        rows=rows,
-        reps=args.reps,
-        warmup=args.warmup,
-        notes=["one jitted call per sample, gradients donated; found-inf flag replicated"],
+    n = sum(v.size for v in host.values()) / 1e6
+    title = f"{layout}: the gradient pass alone, {n:.1f}M float32 values, {len(host)} leaves"
+    notes = ["one jitted call per sample, gradients donated; found-inf flag replicated"]
+    return _timed(title, candidates, "copy (-g)", args, notes)
+
+
+def _timed(title: str, candidates: dict, baseline: str, args, notes: list[str]) -> Table:
+    w, reps, warmup = "7. Eight devices", args.reps, args.warmup
+    return timed_table(
+        w, title, candidates, baseline=baseline, reps=reps, warmup=warmup, notes=notes
     )
 
 
 def main() -> None:
-    p = parser(__doc__.splitlines()[0], reps=30, warmup=3)
-    args = p.parse_args()
+    args = parser(__doc__.splitlines()[0], reps=30, warmup=3).parse_args()
     if args.tiny:
         args.reps, args.warmup = 1, 1
-        size = (64, 2, 64)
-    else:
-        size = (512, 4, 256)
+    width, depth, batch = (64, 2, 64) if args.tiny else (512, 4, 256)
     assert jax.device_count() == 8, jax.devices()
-    tables = [_table(layout, *size, args) for layout in ("fsdp", "data_parallel")]
-    tables += [_pass_table(layout, size[0], size[1], args) for layout in ("fsdp", "data_parallel")]
+    tables = [_table(layout, width, depth, batch, args) for layout in ("fsdp", "data_parallel")]
+    tables += [_pass_table(layout, width, depth, args) for layout in ("fsdp", "data_parallel")]
     finish(args, tables)
 
 

@@ -1,35 +1,16 @@
-"""Workload 4, the operator itself: reference lowering vs FFI custom call, side by side.
-
-Workloads (each timed interleaved in one process, medians of --reps runs):
-  scan      update_scale in a jitted lax.scan of --steps steps
-  vmap      the same scan over --population independent states (jax.vmap)
-  mlp       a jitted SGD step of a small float16 MLP that calls update_scale,
-            against the same step without it
-  compile   a fresh jit+compile of update_scale alone (one float32 state),
-            against a trivial jitted scalar function of the same arguments
-
-Prints per-step costs and ratios; the scan/vmap ratios decide "auto"
-(jax_amp_scale.ops.dispatch.DEFAULT_CONFIG).
-
-  python bench/bench_update_scale.py            # full size
-  python bench/bench_update_scale.py --tiny     # smoke size
-"""
+"""Workload 4, the operator: update_scale's reference against its FFI call
+in a lax.scan, vmapped, in a small step, and its compile time."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
+import _harness
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jax_amp_scale as jas
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _harness
 
 
 def scan_fn(backend: str, steps: int, population: int | None):
@@ -91,24 +72,17 @@ def trivial_scalar(scale, tracker, found):
 def compile_fn(backend: str | None, gf: float = 2.0, bf: float = 0.5):
     """A fresh trace, lowering and XLA compile each call (no jit cache hit)."""
     args = (jnp.float32(2.0**16), jnp.int32(0), jnp.bool_(False))
+    kw = dict(growth_factor=gf, backoff_factor=bf, growth_interval=2000, backend=backend)
 
     def run():
-        if backend is None:
+        if backend is None:  # a fresh function object each time
 
             def fn(s, t, f):
                 return trivial_scalar(s, t, f)
         else:
 
             def fn(s, t, f):
-                return jas.amp_update_scale(
-                    s,
-                    t,
-                    f,
-                    growth_factor=gf,
-                    backoff_factor=bf,
-                    growth_interval=2000,
-                    backend=backend,
-                )
+                return jas.amp_update_scale(s, t, f, **kw)
 
         jax.jit(fn).lower(*args).compile()
 
@@ -126,84 +100,66 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
     if args.tiny:
         args.steps, args.population, args.reps, args.width, args.batch = 100, 8, 2, 16, 8
         args.warmup = 1
-    backends = list(jas.available_backends())
-    auto = jas.auto_backend()
-    common = dict(unit="us", reps=args.reps, warmup=args.warmup)
-    tables = []
+    backends, w = list(jas.available_backends()), "4. The operator"
 
-    def per_step(rows, n):
-        for r in rows:
-            r.times = [t / n for t in r.times]
-        return rows
-
-    rows = _harness.measure(
-        {b: scan_fn(b, args.steps, None) for b in backends},
-        baseline="reference",
-        reps=args.reps,
-        warmup=args.warmup,
-    )
-    tables.append(
-        _harness.Table(
-            workload="4. The operator",
-            title=f"update_scale in a jitted lax.scan of {args.steps} steps, one state (per step)",
-            baseline="reference",
-            rows=per_step(rows, args.steps),
-            notes=[f'"auto" picks {auto!r} on {jax.default_backend()}.'],
-            **common,
+    def table(title, cands, baseline, reps, unit="us", per=1, notes=()):
+        t = _harness.timed_table(
+            w,
+            title,
+            cands,
+            baseline=baseline,
+            reps=reps,
+            warmup=args.warmup,
+            unit=unit,
+            notes=notes,
         )
-    )
+        for r in t.rows:
+            r.times = [x / per for x in r.times]
+        return t
+
     n = max(args.steps // 10, 1)
-    rows = _harness.measure(
-        {b: scan_fn(b, n, args.population) for b in backends},
-        baseline="reference",
-        reps=args.reps,
-        warmup=args.warmup,
-    )
-    tables.append(
-        _harness.Table(
-            workload="4. The operator",
-            title=f"lax.scan of {n} steps, vmap over {args.population} states (per step)",
-            baseline="reference",
-            rows=per_step(rows, n),
-            **common,
-        )
-    )
-    cands = {"plain step": mlp_fn(None, args.width, args.batch)}
-    cands.update({f"step + update_scale({b})": mlp_fn(b, args.width, args.batch) for b in backends})
-    rows = _harness.measure(cands, baseline="plain step", reps=args.reps * 3, warmup=args.warmup)
-    tables.append(
-        _harness.Table(
-            workload="4. The operator",
-            title=f"small MLP training step (width {args.width}, batch {args.batch})",
-            baseline="plain step",
-            rows=rows,
-            unit="us",
-            reps=args.reps * 3,
-            warmup=args.warmup,
-        )
-    )
-    cands = {"trivial jitted scalar function": compile_fn(None)}
-    for b in backends:
-        cands[f"update_scale({b}), factors 2.0/0.5"] = compile_fn(b)
-    cands["update_scale(reference), factors 1.1/0.3"] = compile_fn("reference", 1.1, 0.3)
-    base = "trivial jitted scalar function"
-    creps = args.reps * 3
-    rows = _harness.measure(cands, baseline=base, reps=creps, warmup=args.warmup)
-    tables.append(
-        _harness.Table(
-            workload="4. The operator",
-            title="compile time: update_scale alone, one float32 state (fresh jit each run)",
-            baseline=base,
-            rows=rows,
+    auto = f'"auto" picks {jas.auto_backend()!r} on {jax.default_backend()}.'
+    plain = "plain step"
+    steps = {plain: mlp_fn(None, args.width, args.batch)}
+    steps |= {f"step + update_scale({b})": mlp_fn(b, args.width, args.batch) for b in backends}
+    trivial = "trivial jitted scalar function"
+    compiles = {trivial: compile_fn(None)}
+    compiles |= {f"update_scale({b}), factors 2.0/0.5": compile_fn(b) for b in backends}
+    compiles["update_scale(reference), factors 1.1/0.3"] = compile_fn("reference", 1.1, 0.3)
+    tables = [
+        table(
+            f"update_scale in a jitted lax.scan of {args.steps} steps, one state (per step)",
+            {b: scan_fn(b, args.steps, None) for b in backends},
+            "reference",
+            args.reps,
+            per=args.steps,
+            notes=[auto],
+        ),
+        table(
+            f"lax.scan of {n} steps, vmap over {args.population} states (per step)",
+            {b: scan_fn(b, n, args.population) for b in backends},
+            "reference",
+            args.reps,
+            per=n,
+        ),
+        table(
+            f"small MLP training step (width {args.width}, batch {args.batch})",
+            steps,
+            plain,
+            args.reps * 3,
+        ),
+        table(
+            "compile time: update_scale alone, one float32 state (fresh jit each run)",
+            compiles,
+            trivial,
+            args.reps * 3,
             unit="ms",
-            reps=creps,
-            warmup=args.warmup,
             notes=[
                 "Power-of-two factors (the defaults) take exponent arithmetic; "
-                "others the exact integer product (jax_amp_scale/reference/product.py)."
+                "others the exact integer product."
             ],
-        )
-    )
+        ),
+    ]
     _harness.finish(args, tables)
     return tables
 

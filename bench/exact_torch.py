@@ -1,51 +1,21 @@
 """Workload 6: our bits against torch's kernels, on the device JAX runs on.
 
-On a GPU, torch's CUDA kernels are the oracle; on the CPU (the dry run),
-torch's CPU kernels.  Two checks, every difference counted and classified:
-
-* ``update_scale``: `jax_amp_scale.amp_update_scale` (each backend of this
-  platform, and "auto") against ``torch._amp_update_scale_`` over random
-  states (scales as random bit patterns: subnormal, huge, inf, NaN; trackers
-  at and around the interval) for fixed and random factor sets.
-* the gradient pass: `jax_amp_scale.unscale_and_check` against
-  ``torch._amp_foreach_non_finite_check_and_unscale_`` (what
-  ``GradScaler.unscale_`` runs, with GradScaler's inverse
-  ``float32(1 / float64(scale))``) for float32 gradients as random bit
-  patterns spanning the whole range and every float16 and bfloat16 bit
-  pattern, at scales up to 2**127 and non-powers of two.
-
-A difference is *explained* when it is one of the classes below, whose cause
-is known; anything else is *unexplained* and listed:
-
-* "flushed result": torch's result is a float32 subnormal (or rounds to
-  2**-126 from one) and ours is the zero of the same sign (XLA flushes
-  subnormals to zero on the CPU);
-* "flushed operand": the gradient or the scale is itself subnormal and ours
-  is what torch gives for its zero;
-* "NaN payload": both are NaN with other bits (at a scale of 1 torch skips
-  the multiply and keeps a signaling NaN, ours quiets it; bfloat16 NaNs
-  convert to the canonical one; the flag agrees).
-
-    python bench/exact_torch.py            # full size
-    python bench/exact_torch.py --tiny     # smoke
+update_scale against torch._amp_update_scale_, unscale_and_check against
+torch._amp_foreach_non_finite_check_and_unscale_; every difference not a
+flushed subnormal or a NaN payload is unexplained and listed.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
+import _harness
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _harness
 
 import jax_amp_scale as jas
 
@@ -81,14 +51,6 @@ class Tally:
     @property
     def unexplained(self) -> int:
         return sum(n for k, n in self.classes.items() if k not in EXPLAINED)
-
-
-def torch_device():
-    """torch's device matching JAX's default backend (an error if it has none)."""
-    device = _harness.torch_device()
-    if device is None:
-        raise SystemExit(f"JAX runs on {jax.default_backend()}: torch has no device there")
-    return device
 
 
 def bits(x: np.ndarray) -> np.ndarray:
@@ -288,8 +250,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     scales = POW2_SCALES + OTHER_SCALES
     if args.tiny:
         scales = [2.0**15, 2.0**127, 1.7 * 2.0**127, 0.375]
-    device = torch_device()
     import torch
+
+    if (device := _harness.torch_device()) is None:
+        raise SystemExit(f"JAX runs on {jax.default_backend()}: torch has no device there")
 
     upd = update_scale_check(device, args.states, args.random_factors)
     grad = pass_check(device, args.grads, scales)

@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
-# The pure-Python and CPython 3.12 wheels that bench/gpu_check.sh needs and
-# the GPU machine's image may lack (it has jax, torch, optax, flax and the
-# build tools, and no network): downloaded here into bench/gpu-wheels/
-# (git-ignored), carried to the machine beside the working tree, installed
-# there by gpu_check.sh with --no-index.  About 25 MB.
+# Downloads into bench/gpu-wheels/ (git-ignored, about 25 MB) the pure-Python
+# and CPython 3.12 wheels that bench/gpu_check.sh installs with --no-index
+# where a GPU machine's image lacks them and has no network.
 #
 #   bash bench/gpu_wheels.sh
 set -euo pipefail

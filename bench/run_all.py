@@ -1,18 +1,5 @@
-"""Runs every workload, then writes bench/RESULTS.md, results.png (and the
-README's results-summary.png) and results.json.
-
-Each workload runs in its own process (so one's memory and compilation
-caches cannot change another's timings) and hands its tables back as JSON.
-The generated part of RESULTS.md lies between two marker comments; the
-hand-written analysis around it is kept when the suite is run again.
-
-    python bench/run_all.py                  # full size (about 15 min on 2 cores)
-    python bench/run_all.py --tiny --out /tmp/bench-smoke   # smoke
-    python bench/run_all.py --only step unscale             # some workloads
-
-With --only, the other workloads' tables are taken from the last
-results.json in --out, and RESULTS.md says when and how each was run.
-"""
+"""Runs every workload, each in its own process, then writes RESULTS.md
+(between its markers), results.png, results-summary.png and results.json."""
 
 from __future__ import annotations
 
@@ -27,10 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+import _harness
 
-import _harness  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 WORKLOADS = {
     "step": "bench_step.py",
@@ -78,51 +64,51 @@ def _row(t: _harness.Table, prefix: str) -> _harness.Row | None:
     return next((r for r in t.rows if r.name.startswith(prefix)), None)
 
 
-def _vs_torch_lines(t: _harness.Table, ours: _harness.Row, n: str) -> list[str]:
-    """Issue 15: <= 1.0x torch's fused op, and within 10% of the bandwidth limit."""
-    lines = []
-    dtype = t.title.split(" over ")[0].split()[-1]
-    torch = _row(t, "torch fused")
-    floor = _row(t, "jit dispatch floor")
-    limit = _row(t, "memory-bandwidth limit")
-    if torch is not None:
-        ratio = ours.median / torch.median
-        extra = ""
-        if floor is not None:
-            extra = (
-                f"; the jit dispatch floor alone {floor.median / torch.median:.2f}x, "
-                f"ours above that floor {(ours.median - floor.median) * 1e3:.1f} ms "
-                f"against torch's {torch.median * 1e3:.1f} ms"
+PASS_HEAD = (
+    "| gradient pass | % of copy (>= 80%) | / torch fused (<= 1.0) | jit floor / torch; above it "
+    "ours, torch (ms) | / bandwidth limit (<= 1.1) | in a program (ms), / torch (<= 1.0), "
+    "/ limit (<= 1.1) |\n|---|---:|---:|---:|---:|---:|"
+)
+
+
+def _pass_row(t: _harness.Table, ours: _harness.Row, n: str) -> str:
+    """Table 2's targets as one row: against the copy, torch's fused op and
+    the bandwidth limit, standalone and inside a program."""
+
+    def verdict(x: float, target: float) -> str:
+        return f"{x:.2f}x {'met' if x <= target else '**missed**'}"
+
+    pct = 100.0 / (ours.ratio or math.inf)
+    cells = [
+        f"{pct:.0f}% "
+        + ("no target" if n.startswith("10000") else "met" if pct >= 80 else "**missed**")
+    ]
+    torch, floor = _row(t, "torch fused"), _row(t, "jit dispatch floor")
+    limit, inside = _row(t, "memory-bandwidth limit"), _row(t, "ours[auto] inside a program")
+    cells.append(verdict(ours.median / torch.median, 1.0) if torch else "")
+    cells.append(
+        f"{floor.median / torch.median:.2f}x; {(ours.median - floor.median) * 1e3:.1f}, "
+        f"{torch.median * 1e3:.1f}"
+        if torch and floor
+        else ""
+    )
+    cells.append(verdict(ours.median / limit.median, 1.1) if limit else "")
+    if inside:
+        cells.append(
+            f"{inside.median * 1e3:.1f}"
+            + "".join(
+                f", {verdict(inside.median / r.median, g)}"
+                for r, g in ((torch, 1.0), (limit, 1.1))
+                if r
             )
-        lines.append(
-            f"- Gradient pass <= 1.0x torch's fused op, {dtype}, {n}: "
-            f"**{'met' if ratio <= 1.0 else 'missed'}** (ours {ratio:.2f}x{extra})."
         )
-    if limit is not None:
-        ratio = ours.median / limit.median
-        lines.append(
-            f"- Gradient pass within 10% of the memory-bandwidth limit, {dtype}, {n}: "
-            f"**{'met' if ratio <= 1.1 else 'missed'}** ({ratio:.2f}x the limit's time)."
-        )
-    inside = _row(t, "ours[auto] inside a program")
-    if inside is not None:
-        for ref, target, what in (
-            (torch, 1.0, "torch's fused op"),
-            (limit, 1.1, "the bandwidth limit"),
-        ):
-            if ref is not None:
-                ratio = inside.median / ref.median
-                lines.append(
-                    f"- One pass inside a program (many-pass minus 1-pass loop, per pass) <= {target:.1f}x "
-                    f"{what}, {dtype}, {n}: **{'met' if ratio <= target else 'missed'}** "
-                    f"({inside.median * 1e3:.1f} ms, {ratio:.2f}x)."
-                )
-    return lines
+    dtype = t.title.split(" over ")[0].split()[-1]
+    return f"| {dtype}, {n} | " + " | ".join(cells) + " |"
 
 
 def _floor_lines(t: _harness.Table, what: str) -> list[str]:
-    """Issue 33: the default step within 1% of the hand-written exact skip;
-    torch's GradScaler step against torch's plain step, for scale."""
+    """The default step within 1% of the hand-written exact skip; the host
+    reports' cost; torch's GradScaler step against torch's plain step."""
     lines = []
     ours, floor = _row(t, "ours loss_scaled[auto]"), _row(t, "hand-written exact skip")
     if ours is not None and floor is not None and ours.ratios and floor.ratios:
@@ -149,8 +135,8 @@ def _floor_lines(t: _harness.Table, what: str) -> list[str]:
 
 
 def targets(tables: list[_harness.Table]) -> list[str]:
-    """One line per issue target: met or missed, with the numbers."""
-    lines = []
+    """One line per target, met or missed, with the numbers; table 2's as a table."""
+    lines, passes = [], []
     for t in tables:
         if t.workload == "1. Step overhead":
             ours = _ours_rows(t)
@@ -175,18 +161,8 @@ def targets(tables: list[_harness.Table]) -> list[str]:
                     f"(fastest peer {fastest_peer.name}: {fastest_peer.ratio:.3f}x)."
                 )
             lines += _floor_lines(t, compute)
-        elif t.workload == "2. One pass over the gradients":
-            ours = _ours_rows(t)
-            if not ours:
-                continue
-            pct = 100.0 / (ours[0].ratio or math.inf)
-            n = t.title.split(" over ")[1]
-            need = not n.startswith("10000")
-            verdict = ("met" if pct >= 80 else "missed") if need else "no target"
-            lines.append(
-                f"- Unscale+check >= 80% of copy throughput, {n}: **{verdict}** ({pct:.0f}%)."
-            )
-            lines += _vs_torch_lines(t, ours[0], n)
+        elif t.workload == "2. One pass over the gradients" and (ours := _ours_rows(t)):
+            passes.append(_pass_row(t, ours[0], t.title.split(" over ")[1]))
         elif t.workload.startswith("3. Compile time"):
             ours = _ours_rows(t)
             if ours:
@@ -210,33 +186,7 @@ def targets(tables: list[_harness.Table]) -> list[str]:
             for note in t.notes:
                 if note.startswith("not run"):
                     lines.append(f"- {t.workload}, {t.title}: {note}.")
-    return lines
-
-
-def load_runs(path: Path) -> dict[str, dict]:
-    """The per-workload results of an earlier run_all (results.json)."""
-    with open(path) as f:
-        data = json.load(f)
-    if "runs" in data:
-        return data["runs"]
-    # first format: one command, a flat table list; workload N is table "N. ..."
-    numbered = {str(i + 1): w for i, w in enumerate(WORKLOADS)}
-    runs: dict[str, dict] = {}
-    for t in data["tables"]:
-        w = numbered[t["workload"].split(".")[0]]
-        cmd = next((c for c in data["commands"] if WORKLOADS[w] in c), "?")
-        run = runs.setdefault(
-            w,
-            {
-                "command": cmd,
-                "via": data["command"],
-                "wall_s": math.nan,
-                "machine": data["machine"],
-                "tables": [],
-            },
-        )
-        run["tables"].append(t)
-    return runs
+    return lines + (["", PASS_HEAD, *passes] if passes else [])
 
 
 def write_markdown(path: Path, header: str, body: str) -> None:
@@ -246,89 +196,51 @@ def write_markdown(path: Path, header: str, body: str) -> None:
         if BEGIN in old and END in old:
             pre, rest = old.split(BEGIN, 1)
             _, post = rest.split(END, 1)
-            path.write_text(pre + generated + post.lstrip("\n"))
+            path.write_text(pre + generated + "\n" + post.lstrip("\n"))
             return
     path.write_text("# Benchmark results\n\n" + generated)
 
 
-def plot(
-    tables: list[_harness.Table], path: Path, workloads: tuple[str, ...] | None = None
-) -> None:
-    """One panel per workload (only those whose names start with one of
-    `workloads`, when given) into the PNG `path`."""
+def plot(tables: list[_harness.Table], path: Path, workloads: tuple[str, ...] = ("",)) -> None:
+    """One panel per workload whose name starts with one of `workloads`: each
+    candidate's ratio to its table's baseline, a bar per table; compile time
+    against the leaf count."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    by = {}
-    for t in tables:
+    by: dict[str, list[_harness.Table]] = {}
+    for t in (t for t in tables if t.workload.startswith(workloads)):
         by.setdefault(t.workload, []).append(t)
-    panels = [w for w in by if by[w] and (workloads is None or w.startswith(workloads))]
-    if not panels:
+    if not by:
         return
-
-    def rows(w: str) -> int:
-        if w.startswith("3. Compile time"):
-            return 8
-        return len({r.name for t in by[w] for r in t.rows if r.name != t.baseline})
-
-    heights = [max(2.4, 0.3 * rows(w) + 1.0) for w in panels]
-    fig, axes = plt.subplots(
-        len(panels),
-        1,
-        figsize=(10, sum(heights)),
-        squeeze=False,
-        gridspec_kw={"height_ratios": heights},
-    )
-    for ax, w in zip(axes[:, 0], panels, strict=True):
-        ts = by[w]
-        if w.startswith("3. Compile time"):
-            counts = [int(t.title.split(", ")[1].split()[0]) for t in ts]
-            for name in [r.name for r in ts[0].rows]:
-                pts = [
-                    (c, r.median)
-                    for c, t in zip(counts, ts, strict=True)
-                    for r in t.rows
-                    if r.name == name
-                ]
-                ax.plot(*zip(*pts, strict=True), marker="o", label=name)
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_xlabel("parameter leaves")
-            ax.set_ylabel("trace+compile (s)")
-            ax.legend(fontsize=7)
-        else:
-            # One row per candidate, one bar per table (colour, in the
-            # legend): a candidate's label is written once, however many
-            # sizes and dtypes the workload measured.
-            names: list[str] = []
-            for t in ts:
-                for r in t.rows:
-                    if r.ratio is not None and r.name != t.baseline and r.name not in names:
-                        names.append(r.name)
-            ratios = [{r.name: r.ratio for r in t.rows if r.ratio is not None} for t in ts]
-            bars: list[list[tuple[float, float, float]]] = [[] for _ in ts]
-            for i, n in enumerate(names):
-                have = [k for k in range(len(ts)) if n in ratios[k]]
-                h = 0.8 / len(have)
-                for j, k in enumerate(have):
-                    bars[k].append((i + (j - (len(have) - 1) / 2) * h, ratios[k][n], h))
-            for k, t in enumerate(ts):
-                if bars[k]:
-                    ys, xs, hs = zip(*bars[k], strict=True)
-                    ax.barh(ys, xs, height=hs, label=t.title[:70], color=f"C{k}")
-            ax.set_yticks(range(len(names)))
-            ax.set_yticklabels([n if len(n) <= 60 else n[:57] + "..." for n in names], fontsize=7)
-            ax.set_ylim(len(names) - 0.5, -0.5)
-            ax.axvline(1.0, color="k", lw=0.8)
-            if w == "1. Step overhead":
-                ax.axvline(1.03, color="tab:red", lw=0.8, ls="--", label="target 1.03")
-            if w.startswith("2. One pass") and "torch" not in w:
-                ax.axvline(1.25, color="tab:red", lw=0.8, ls="--", label="80% of copy")
-            ax.legend(fontsize=6, loc="best")
-            ax.set_xlabel("time ratio to the table's baseline (lower is faster)")
+    names = {w: list(dict.fromkeys(r.name for t in ts for r in t.rows)) for w, ts in by.items()}
+    heights = [0.3 * len(n) + 1.2 for n in names.values()]
+    fig, axes = plt.subplots(len(by), 1, figsize=(10, sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})  # fmt: skip
+    for ax, (w, ts) in zip(axes[:, 0], by.items(), strict=True):
         ax.set_title(w, fontsize=9)
+        if w.startswith("3. Compile time"):
+            leaves = {t.title: int(t.title.split(", ")[1].split()[0]) for t in ts}
+            for n in names[w]:
+                pts = [(leaves[t.title], r.median) for t in ts for r in t.rows if r.name == n]
+                ax.loglog(*zip(*pts, strict=True), marker="o", label=n)
+            ax.set(xlabel="parameter leaves", ylabel="trace+compile (s)")
+            ax.legend(fontsize=7)
+            continue
+        names[w] = [n for n in names[w] if n != ts[0].baseline]
+        for k, t in enumerate(ts):
+            got = {r.name: r.ratio for r in t.rows if r.ratio}
+            ys = [i + (k + 0.5) / len(ts) - 0.5 for i, n in enumerate(names[w]) if n in got]
+            xs = [got[n] for n in names[w] if n in got]
+            ax.barh(ys, xs, height=0.8 / len(ts), label=t.title[:70], color=f"C{k}")
+        ax.set_yticks(range(len(names[w])), [n[:60] for n in names[w]], fontsize=7)
+        ax.set(ylim=(len(names[w]) - 0.5, -0.5), xscale="log", xlabel="time ratio to the baseline")
+        ax.axvline(1.0, color="k", lw=0.8)
+        if w == "1. Step overhead":
+            ax.axvline(1.03, color="tab:red", lw=0.8, ls="--", label="target 1.03")
+        ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -338,26 +250,10 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="tiny sizes (smoke)")
     ap.add_argument("--only", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
-    ap.add_argument("--out", default=str(HERE), help="folder for RESULTS.md and results.png")
-    ap.add_argument(
-        "--args",
-        action="append",
-        default=[],
-        metavar="WORKLOAD=ARGS",
-        help="extra arguments for one workload, e.g. --args 'step=--reps 20'",
-    )
-    ap.add_argument(
-        "--timeout-s",
-        type=float,
-        default=None,
-        help="stop each workload after this many seconds, keeping the tables it finished "
-        "(exit status 3 when one was stopped)",
-    )
-    ap.add_argument(
-        "--render",
-        action="store_true",
-        help="run nothing: rewrite RESULTS.md and the plot from --out's results.json",
-    )
+    ap.add_argument("--out", default=str(HERE), help="folder for RESULTS.md and the plots")
+    ap.add_argument("--args", action="append", default=[], metavar="WORKLOAD=ARGS")
+    ap.add_argument("--timeout-s", type=float, help="per workload; exit status 3 if one is cut")
+    ap.add_argument("--render", action="store_true", help="run nothing: render results.json")
     args = ap.parse_args(argv)
     extra = {w: (["--tiny"] if args.tiny else []) for w in WORKLOADS}
     for spec in args.args:
@@ -367,71 +263,52 @@ def main(argv: list[str] | None = None) -> None:
         extra[w] += shlex.split(rest)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-
-    t0 = time.perf_counter()
-    # workload -> {"command", "wall_s", "machine", "tables"}; with --only, the
-    # other workloads' last results (results.json) are kept.
+    # workload -> its run; with --only, the others' last results are kept.
     runs: dict[str, dict] = {}
-    me = ["python", "bench/run_all.py", *(argv if argv is not None else sys.argv[1:])]
+    me = shlex.join(["python", "bench/run_all.py", *(sys.argv[1:] if argv is None else argv)])
     if args.render or (set(args.only) != set(WORKLOADS) and (out / "results.json").exists()):
-        runs = load_runs(out / "results.json")
+        with open(out / "results.json") as f:
+            runs = json.load(f)["runs"]
     with tempfile.TemporaryDirectory() as tmp:
         for w in [] if args.render else args.only:
             res = run_workload(WORKLOADS[w], extra[w], Path(tmp) / f"{w}.json", args.timeout_s)
-            runs[w] = {
-                "cut": res["cut"],
-                "command": shlex.join(["python", f"bench/{WORKLOADS[w]}", *extra[w]]),
-                "via": shlex.join(me),
-                "wall_s": res["wall_s"],
-                "machine": res["machine"],
-                "tables": res["tables"],
-                "sections": res.get("sections", []),
-            }
-    total = time.perf_counter() - t0
+            command = shlex.join(["python", f"bench/{WORKLOADS[w]}", *extra[w]])
+            keep = ("cut", "wall_s", "machine", "tables")
+            runs[w] = {"command": command, "via": me, "sections": res.get("sections", [])}
+            runs[w] |= {k: res[k] for k in keep}
     order = [w for w in WORKLOADS if w in runs]
     tables = [_harness.Table.from_json(t) for w in order for t in runs[w]["tables"]]
     sections = [s for w in order for s in runs[w].get("sections", [])]
     machine = max((runs[w]["machine"] for w in order), key=lambda m: m.get("date (UTC)", ""))
-
-    header = "\n".join(
-        [
-            "## Run",
-            "",
-            "Each workload ran in its own process:",
-            "",
-            *[
-                f"- `{runs[w]['command']}` ("
-                + (f"{runs[w]['wall_s']:.0f} s, " if math.isfinite(runs[w]["wall_s"]) else "")
-                + f"{runs[w]['machine'].get('date (UTC)', '?')} UTC, via `{runs[w]['via']}`)"
-                + (f": **{runs[w]['cut']}**" if runs[w].get("cut") else "")
-                for w in order
-            ],
-            "",
+    ran = []
+    for w in order:
+        r = runs[w]
+        wall = f"{r['wall_s']:.0f} s, " if math.isfinite(r["wall_s"]) else ""
+        cut = f": **{r['cut']}**" if r.get("cut") else ""
+        when = r["machine"].get("date (UTC)", "?")
+        ran.append(f"- `{r['command']}` ({wall}{when} UTC, via `{r['via']}`){cut}")
+    verdicts = [
+        f"- {s['title']}: 0 unexplained differences: "
+        f"**{'met' if s['unexplained'] == 0 else 'missed'}** ({s['unexplained']:,})."
+        for s in sections
+    ]
+    header = [
+        *["## Run", "", "Each workload ran in its own process:", "", *ran, ""],
+        *[
             "Machine and versions (of the latest of these runs):",
-            "",
             _harness.machine_markdown(machine),
-            "## Targets",
-            "",
-            *targets(tables),
-            *[
-                f"- {s['title']}: 0 unexplained differences: "
-                f"**{'met' if s['unexplained'] == 0 else 'missed'}** ({s['unexplained']:,})."
-                for s in sections
-            ],
-            "",
-            "## Tables",
-            "",
-        ]
-    )
-    body = "\n".join([*(s["markdown"] for s in sections), *map(_harness.table_markdown, tables)])
-    write_markdown(out / "RESULTS.md", header, body + "\n![results](results.png)\n\n")
+        ],
+        *["## Targets", "", *verdicts, *targets(tables), "", "## Tables", ""],
+    ]
+    body = "\n".join([*(s["markdown"] for s in sections), _harness.tables_markdown(tables)])
+    write_markdown(out / "RESULTS.md", "\n".join(header), body + "\n![results](results.png)\n\n")
     with open(out / "results.json", "w") as f:
         json.dump({"runs": runs}, f, indent=1)
     plot(tables, out / "results.png")
     # The front page's picture (README.md): step overhead and compile time.
     plot(tables, out / "results-summary.png", ("1. Step overhead", "3. Compile time"))
-    print(f"wrote {out / 'RESULTS.md'} and {out / 'results.png'} in {total:.0f} s")
-    if any(runs[w].get("cut") for w in args.only if w in runs and not args.render):
+    print(f"wrote {out / 'RESULTS.md'} and the plots")
+    if not args.render and any(runs[w].get("cut") for w in args.only):
         sys.exit(3)
 
 
