@@ -89,7 +89,7 @@ else
 fi
 
 # --- tests: the CUDA handler's ------------------------------------------------
-stage cuda-tests 60 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_cuda_handler.py
+stage cuda-tests 60 "$PYTHON" -m pytest -q -p no:cacheprovider tests/mechanisms/handlers/test_cuda_handler.py
 
 # --- workloads: one run_all.py workload a stage, into one results.json -----
 if [[ $DRY == 1 ]]; then
@@ -120,10 +120,10 @@ workload step 100 "${STEP[@]}"
 stage transformer 90 "$PYTHON" examples/transformer_lm.py "${LM[@]}" --out-dir "$RUN/transformer"
 
 # --- the GPU tier of the core tests (not those asserting XLA:CPU's compiled text)
-GPU_TIER=(tests/test_golden.py tests/test_found_inf.py tests/test_differential.py
-          tests/test_inverse_scale.py tests/test_torch_oracle.py tests/test_fast_product.py
-          tests/test_first_contact.py)
-[[ $DRY == 1 ]] && GPU_TIER=(tests/test_golden.py)
+GPU_TIER=(tests/operators/update_scale/test_golden.py tests/operators/update_scale/test_found_inf.py tests/operators/update_scale/test_differential.py
+          tests/operators/unscale_and_check/test_inverse_scale.py tests/operators/update_scale/test_torch_oracle.py tests/mechanisms/floats/test_fast_product.py
+          tests/public/test_first_contact.py)
+[[ $DRY == 1 ]] && GPU_TIER=(tests/operators/update_scale/test_golden.py)
 JAS_EXAMPLES_DIVISOR=3 stage gpu-tier 150 "$PYTHON" -m pytest -q -p no:cacheprovider -rs \
   "${GPU_TIER[@]}"
 

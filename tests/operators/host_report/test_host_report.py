@@ -3,7 +3,7 @@
 On CPU it is the native custom call ``jas_host_report_v1``
 (ffi/host_report.cc), so a step that reports keeps JAX's fast dispatch
 path (a ``jax.debug.callback`` anywhere in a program sends every call of it
-through JAX's synchronous Python path: bench/probe_step_overhead.py).
+through JAX's synchronous Python path: bench/RESULTS.md).
 """
 
 from __future__ import annotations
