@@ -64,6 +64,10 @@ def _row(t: _harness.Table, prefix: str) -> _harness.Row | None:
     return next((r for r in t.rows if r.name.startswith(prefix)), None)
 
 
+def _met(ok: bool) -> str:
+    return f"**{'met' if ok else 'missed'}**"
+
+
 PASS_HEAD = (
     "| gradient pass | % of copy (>= 80%) | / torch fused (<= 1.0) | jit floor / torch; above it "
     "ours, torch (ms) | / bandwidth limit (<= 1.1) | in a program (ms), / torch (<= 1.0), "
@@ -71,67 +75,94 @@ PASS_HEAD = (
 )
 
 
-def _pass_row(t: _harness.Table, ours: _harness.Row, n: str) -> str:
+def _pass_row(t: _harness.Table, ours: _harness.Row) -> str:
     """Table 2's targets as one row: against the copy, torch's fused op and
     the bandwidth limit, standalone and inside a program."""
 
-    def verdict(x: float, target: float) -> str:
-        return f"{x:.2f}x {'met' if x <= target else '**missed**'}"
+    def vs(x: float, base: _harness.Row, target: float) -> str:
+        r = x / base.median
+        return f"{r:.2f}x {'met' if r <= target else '**missed**'}"
 
+    dtype, n = t.title.split(" over ")
     pct = 100.0 / (ours.ratio or math.inf)
+    prefixes = ("torch fused", "jit dispatch floor", "memory-bandwidth limit", "ours[auto] inside")
+    torch, floor, limit, inside = (_row(t, p) for p in prefixes)
+    ms = [(ours.median - floor.median) * 1e3, torch.median * 1e3] if torch and floor else []
+    copy = "no target" if n.startswith("10000") else "met" if pct >= 80 else "**missed**"
     cells = [
-        f"{pct:.0f}% "
-        + ("no target" if n.startswith("10000") else "met" if pct >= 80 else "**missed**")
+        f"{pct:.0f}% {copy}",
+        vs(ours.median, torch, 1.0) if torch else "",
+        f"{floor.median / torch.median:.2f}x; {ms[0]:.1f}, {ms[1]:.1f}" if ms else "",
+        vs(ours.median, limit, 1.1) if limit else "",
     ]
-    torch, floor = _row(t, "torch fused"), _row(t, "jit dispatch floor")
-    limit, inside = _row(t, "memory-bandwidth limit"), _row(t, "ours[auto] inside a program")
-    cells.append(verdict(ours.median / torch.median, 1.0) if torch else "")
-    cells.append(
-        f"{floor.median / torch.median:.2f}x; {(ours.median - floor.median) * 1e3:.1f}, "
-        f"{torch.median * 1e3:.1f}"
-        if torch and floor
-        else ""
-    )
-    cells.append(verdict(ours.median / limit.median, 1.1) if limit else "")
     if inside:
-        cells.append(
-            f"{inside.median * 1e3:.1f}"
-            + "".join(
-                f", {verdict(inside.median / r.median, g)}"
-                for r, g in ((torch, 1.0), (limit, 1.1))
-                if r
-            )
+        got = "".join(f", {vs(inside.median, r, g)}" for r, g in ((torch, 1.0), (limit, 1.1)) if r)
+        cells.append(f"{inside.median * 1e3:.1f}{got}")
+    return f"| {dtype.split()[-1]}, {n} | " + " | ".join(cells) + " |"
+
+
+def _step_lines(t: _harness.Table) -> list[str]:
+    """Workload 1's: ours at most the plain step, no peer faster, the default
+    step within 1% of the hand-written exact skip, the host reports' cost,
+    torch's GradScaler step against torch's plain step."""
+    ours, what = _ours_rows(t), t.title.split(", ")[-1]
+    if not ours:
+        return ["- Step overhead: ours not measured."]
+    best = min(ours, key=lambda r: r.ratio or math.inf)
+    rest = ", ".join(f"{r.name} {r.ratio:.3f}x" for r in ours if r is not best)
+    ok = (best.ratio or math.inf) <= 1.0
+    lines = [
+        f"- Step overhead <= 1.0x the plain step, {what}: {_met(ok)} "
+        f"(best of ours {best.name}: {best.ratio:.3f}x the plain step; {rest})."
+    ]
+    mine = ("plain", "ours", "hand-written", "torch")
+    if peers := [r for r in t.rows if not r.name.startswith(mine)]:
+        peer = min(peers, key=lambda r: r.ratio or math.inf)
+        lines.append(
+            f"- No peer faster, {what}: {_met((best.ratio or 0) <= (peer.ratio or 0))} "
+            f"(fastest peer {peer.name}: {peer.ratio:.3f}x)."
         )
-    dtype = t.title.split(" over ")[0].split()[-1]
-    return f"| {dtype}, {n} | " + " | ".join(cells) + " |"
-
-
-def _floor_lines(t: _harness.Table, what: str) -> list[str]:
-    """The default step within 1% of the hand-written exact skip; the host
-    reports' cost; torch's GradScaler step against torch's plain step."""
-    lines = []
-    ours, floor = _row(t, "ours loss_scaled[auto]"), _row(t, "hand-written exact skip")
-    if ours is not None and floor is not None and ours.ratios and floor.ratios:
-        ratio = _harness.paired_ratio(ours, floor)
+    prefixes = ("ours loss_scaled[auto]", "hand-written exact skip", "ours, no host reports")
+    auto, floor, quiet = (_row(t, p) for p in prefixes)
+    if auto and floor and auto.ratios and floor.ratios:
+        ratio = _harness.paired_ratio(auto, floor)
         lines.append(
             f"- Default step within 1% of the hand-written exact skip, {what}: "
-            f"**{'met' if ratio <= 1.01 else 'missed'}** ({ratio:.3f}x)."
+            f"{_met(ratio <= 1.01)} ({ratio:.3f}x)."
         )
-    quiet = _row(t, "ours, no host reports")
-    if ours is not None and quiet is not None:
-        ratio = _harness.paired_ratio(ours, quiet)
+    if auto and quiet:
+        ratio = _harness.paired_ratio(auto, quiet)
         lines.append(
-            f"- The host reports' cost, {what}: the default step {ratio:.3f}x the step without them."
+            f"- The host reports' cost, {what}: the default step {ratio:.3f}x the step "
+            "without them."
         )
     plain, scaled = _row(t, "torch plain step"), _row(t, "torch GradScaler step")
-    if plain is not None and scaled is not None and ours is not None and ours.ratio:
-        ratio = _harness.paired_ratio(scaled, plain)
+    if plain and scaled and auto and auto.ratio:
         lines.append(
-            f"- Scaling's cost, {what}: ours {ours.ratio:.3f}x JAX's plain step, torch's "
-            f"GradScaler {ratio:.3f}x torch's plain step (torch's plain step "
-            f"{plain.median / t.rows[0].median:.2f}x JAX's)."
+            f"- Scaling's cost, {what}: ours {auto.ratio:.3f}x JAX's plain step, torch's "
+            f"GradScaler {_harness.paired_ratio(scaled, plain):.3f}x torch's plain step "
+            f"(torch's plain step {plain.median / t.rows[0].median:.2f}x JAX's)."
         )
     return lines
+
+
+def _compile_lines(t: _harness.Table, same: list[_harness.Table]) -> list[str]:
+    """Workload 3's: ours within 1.3x of plain at each size; after a model's
+    last size, the growth exponents of all its sizes; the sizes not run."""
+    lines = []
+    if ours := _ours_rows(t):
+        worst = max(ours, key=lambda r: r.ratio or 0)
+        rest = "".join(f"; {r.name} {r.ratio:.2f}x" for r in ours if r is not worst)
+        lines.append(
+            f"- Compile time within 1.3x of plain, {t.title}: "
+            f"{_met((worst.ratio or math.inf) <= 1.3)} (worst of ours {worst.ratio:.2f}x{rest})."
+        )
+    if t is same[-1]:
+        cols = [c for u in same for k, c in u.columns.items() if k.startswith("growth exponent")]
+        growth = {k: v for c in cols for k, v in c.items() if v}
+        g = "; ".join(f"{k} ({v})" for k, v in growth.items())
+        lines.append(f"- {t.workload}, growth exponent (1 = linear): {g}.")
+    return lines + [f"- {t.workload}, {t.title}: {n}." for n in t.notes if n.startswith("not run")]
 
 
 def targets(tables: list[_harness.Table]) -> list[str]:
@@ -139,53 +170,11 @@ def targets(tables: list[_harness.Table]) -> list[str]:
     lines, passes = [], []
     for t in tables:
         if t.workload == "1. Step overhead":
-            ours = _ours_rows(t)
-            mine = ("plain", "ours", "hand-written", "torch")
-            peers = [r for r in t.rows if not r.name.startswith(mine)]
-            if not ours:
-                lines.append("- Step overhead: ours not measured.")
-                continue
-            best = min(ours, key=lambda r: r.ratio or math.inf)
-            ok = (best.ratio or math.inf) <= 1.0
-            compute = t.title.split(", ")[-1]
-            lines.append(
-                f"- Step overhead <= 1.0x the plain step, {compute}: **{'met' if ok else 'missed'}** "
-                f"(best of ours {best.name}: {best.ratio:.3f}x the plain step; "
-                + ", ".join(f"{r.name} {r.ratio:.3f}x" for r in ours if r is not best)
-                + ")."
-            )
-            if peers:
-                fastest_peer = min(peers, key=lambda r: r.ratio or math.inf)
-                lines.append(
-                    f"- No peer faster, {compute}: **{'met' if (best.ratio or 0) <= (fastest_peer.ratio or 0) else 'missed'}** "
-                    f"(fastest peer {fastest_peer.name}: {fastest_peer.ratio:.3f}x)."
-                )
-            lines += _floor_lines(t, compute)
+            lines += _step_lines(t)
         elif t.workload == "2. One pass over the gradients" and (ours := _ours_rows(t)):
-            passes.append(_pass_row(t, ours[0], t.title.split(" over ")[1]))
+            passes.append(_pass_row(t, ours[0]))
         elif t.workload.startswith("3. Compile time"):
-            ours = _ours_rows(t)
-            if ours:
-                worst = max(ours, key=lambda r: r.ratio or 0)
-                ok = (worst.ratio or math.inf) <= 1.3
-                lines.append(
-                    f"- Compile time within 1.3x of plain, {t.title}: "
-                    f"**{'met' if ok else 'missed'}** (worst of ours {worst.ratio:.2f}x"
-                    + "".join(f"; {r.name} {r.ratio:.2f}x" for r in ours if r is not worst)
-                    + ")."
-                )
-            same = [u for u in tables if u.workload == t.workload]
-            if t is same[-1]:
-                growth: dict[str, str] = {}
-                for u in same:  # every size's table carries the same column
-                    for key, col in u.columns.items():
-                        if key.startswith("growth exponent"):
-                            growth.update({k: v for k, v in col.items() if v})
-                g = "; ".join(f"{k} ({v})" for k, v in growth.items())
-                lines.append(f"- {t.workload}, growth exponent (1 = linear): {g}.")
-            for note in t.notes:
-                if note.startswith("not run"):
-                    lines.append(f"- {t.workload}, {t.title}: {note}.")
+            lines += _compile_lines(t, [u for u in tables if u.workload == t.workload])
     return lines + (["", PASS_HEAD, *passes] if passes else [])
 
 
