@@ -3,8 +3,6 @@ in a lax.scan, vmapped, in a small step, and its compile time."""
 
 from __future__ import annotations
 
-import argparse
-
 import _harness
 import jax
 import jax.numpy as jnp
@@ -91,7 +89,6 @@ def compile_fn(backend: str | None, gf: float = 2.0, bf: float = 0.5):
 
 def main(argv: list[str] | None = None) -> list[_harness.Table]:
     ap = _harness.parser(__doc__.splitlines()[0], reps=7)
-    ap.formatter_class = argparse.RawTextHelpFormatter
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--population", type=int, default=1024)
     ap.add_argument("--width", type=int, default=256)
@@ -100,66 +97,40 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
     if args.tiny:
         args.steps, args.population, args.reps, args.width, args.batch = 100, 8, 2, 16, 8
         args.warmup = 1
-    backends, w = list(jas.available_backends()), "4. The operator"
-
-    def table(title, cands, baseline, reps, unit="us", per=1, notes=()):
-        t = _harness.timed_table(
-            w,
-            title,
-            cands,
-            baseline=baseline,
-            reps=reps,
-            warmup=args.warmup,
-            unit=unit,
-            notes=notes,
-        )
-        for r in t.rows:
-            r.times = [x / per for x in r.times]
-        return t
-
-    n = max(args.steps // 10, 1)
-    auto = f'"auto" picks {jas.auto_backend()!r} on {jax.default_backend()}.'
-    plain = "plain step"
-    steps = {plain: mlp_fn(None, args.width, args.batch)}
+    backends, w, n = list(jas.available_backends()), "4. The operator", max(args.steps // 10, 1)
+    steps = {"plain step": mlp_fn(None, args.width, args.batch)}
     steps |= {f"step + update_scale({b})": mlp_fn(b, args.width, args.batch) for b in backends}
     trivial = "trivial jitted scalar function"
     compiles = {trivial: compile_fn(None)}
     compiles |= {f"update_scale({b}), factors 2.0/0.5": compile_fn(b) for b in backends}
     compiles["update_scale(reference), factors 1.1/0.3"] = compile_fn("reference", 1.1, 0.3)
-    tables = [
-        table(
-            f"update_scale in a jitted lax.scan of {args.steps} steps, one state (per step)",
-            {b: scan_fn(b, args.steps, None) for b in backends},
-            "reference",
-            args.reps,
-            per=args.steps,
-            notes=[auto],
-        ),
-        table(
-            f"lax.scan of {n} steps, vmap over {args.population} states (per step)",
-            {b: scan_fn(b, n, args.population) for b in backends},
-            "reference",
-            args.reps,
-            per=n,
-        ),
-        table(
-            f"small MLP training step (width {args.width}, batch {args.batch})",
-            steps,
-            plain,
-            args.reps * 3,
-        ),
-        table(
-            "compile time: update_scale alone, one float32 state (fresh jit each run)",
-            compiles,
-            trivial,
-            args.reps * 3,
-            unit="ms",
-            notes=[
-                "Power-of-two factors (the defaults) take exponent arithmetic; "
-                "others the exact integer product."
-            ],
-        ),
+    auto = f'"auto" picks {jas.auto_backend()!r} on {jax.default_backend()}.'
+    factors = (
+        "Power-of-two factors (the defaults) take exponent arithmetic; "
+        "others the exact integer product."
+    )
+    titles = [
+        f"update_scale in a jitted lax.scan of {args.steps} steps, one state (per step)",
+        f"lax.scan of {n} steps, vmap over {args.population} states (per step)",
+        f"small MLP training step (width {args.width}, batch {args.batch})",
+        "compile time: update_scale alone, one float32 state (fresh jit each run)",
     ]
+    one = {b: scan_fn(b, args.steps, None) for b in backends}
+    many = {b: scan_fn(b, n, args.population) for b in backends}
+    specs = [  # candidates, baseline, repetitions, unit, steps per sample, notes
+        (one, "reference", args.reps, "us", args.steps, [auto]),
+        (many, "reference", args.reps, "us", n, []),
+        (steps, "plain step", args.reps * 3, "us", 1, []),
+        (compiles, trivial, args.reps * 3, "ms", 1, [factors]),
+    ]
+    tables = []
+    for title, (cands, base, reps, unit, per, notes) in zip(titles, specs, strict=True):
+        t = _harness.timed_table(
+            w, title, cands, baseline=base, reps=reps, warmup=args.warmup, unit=unit, notes=notes
+        )
+        for r in t.rows:
+            r.times = [x / per for x in r.times]
+        tables.append(t)
     _harness.finish(args, tables)
     return tables
 
