@@ -220,23 +220,22 @@ def pass_check(device, n_float32: int, scales: list[float]) -> dict[tuple[str, s
 # ---- report -----------------------------------------------------------------
 
 
-def tally_table(title: str, tallies: dict[str, Tally], first: str) -> str:
+def section(part: str, title: str, tallies: dict[str, Tally], first: str) -> dict:
+    """One check for run_all: a table of its differences by class, the first
+    unexplained examples, and how many are unexplained."""
     kinds = sorted({k for t in tallies.values() for k in t.classes})
     head = [first, "compared", "differ", "unexplained", *kinds]
-    lines = [
-        f"#### {title}",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|---|" + "---:|" * (len(head) - 1),
-    ]
+    rule = "|---|" + "---:|" * (len(head) - 1)
+    lines = [f"#### {title}", "", f"| {' | '.join(head)} |", rule]
     for name, t in tallies.items():
-        cells = [name, f"{t.compared:,}", f"{sum(t.classes.values()):,}", f"{t.unexplained:,}"]
-        cells += [f"{t.classes.get(k, 0):,}" for k in kinds]
-        lines.append("| " + " | ".join(cells) + " |")
-    examples = [f"- {name}: {e}" for name, t in tallies.items() for e in t.examples]
-    if examples:
+        n = [t.compared, sum(t.classes.values()), t.unexplained]
+        n += [t.classes.get(k, 0) for k in kinds]
+        lines.append(f"| {name} | " + " | ".join(f"{c:,}" for c in n) + " |")
+    if examples := [f"- {name}: {e}" for name, t in tallies.items() for e in t.examples]:
         lines += ["", "Unexplained, first examples:", "", *examples]
-    return "\n".join(lines) + "\n"
+    total = sum(t.unexplained for t in tallies.values())
+    md = "\n".join(lines) + "\n"
+    return {"title": f"6. Bits against torch: {part}", "markdown": md, "unexplained": total}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -245,40 +244,26 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--random-factors", type=int, default=10, help="random factor sets")
     p.add_argument("--grads", type=int, default=1 << 20, help="float32 gradient values")
     args = p.parse_args(argv)
-    if args.tiny:
-        args.states, args.random_factors, args.grads = 64, 1, 4096
     scales = POW2_SCALES + OTHER_SCALES
     if args.tiny:
+        args.states, args.random_factors, args.grads = 64, 1, 4096
         scales = [2.0**15, 2.0**127, 1.7 * 2.0**127, 0.375]
     import torch
 
     if (device := _harness.torch_device()) is None:
         raise SystemExit(f"JAX runs on {jax.default_backend()}: torch has no device there")
-
     upd = update_scale_check(device, args.states, args.random_factors)
     grad = pass_check(device, args.grads, scales)
     where = f"JAX on {jax.default_backend()}, torch {torch.__version__} on {device}"
+    sets = f"{len(FIXED_FACTORS) + args.random_factors} factor sets x {args.states} states"
+    listed = f"{len(scales)} scales: {', '.join(f'{s:.4g}' for s in scales)}"
+    upd_title = f"update_scale against torch._amp_update_scale_ ({where}; {sets})"
+    op = "torch._amp_foreach_non_finite_check_and_unscale_"
+    grad_title = f"unscale_and_check against {op} ({where}; {listed})"
+    grad = {f"{d} [{b}]": t for (d, b), t in grad.items()}
     sections = [
-        {
-            "title": "6. Bits against torch: update_scale",
-            "markdown": tally_table(
-                f"update_scale against torch._amp_update_scale_ ({where}; "
-                f"{len(FIXED_FACTORS) + args.random_factors} factor sets x {args.states} states)",
-                upd,
-                "backend",
-            ),
-            "unexplained": sum(t.unexplained for t in upd.values()),
-        },
-        {
-            "title": "6. Bits against torch: the gradient pass",
-            "markdown": tally_table(
-                "unscale_and_check against torch._amp_foreach_non_finite_check_and_unscale_ "
-                f"({where}; {len(scales)} scales: {', '.join(f'{s:.4g}' for s in scales)})",
-                {f"{d} [{b}]": t for (d, b), t in grad.items()},
-                "gradients [backend]",
-            ),
-            "unexplained": sum(t.unexplained for t in grad.values()),
-        },
+        section("update_scale", upd_title, upd, "backend"),
+        section("the gradient pass", grad_title, grad, "gradients [backend]"),
     ]
     for s in sections:
         print(s["markdown"])
