@@ -8,6 +8,7 @@ compile, projected from its growth, would pass ``--budget-s`` is skipped.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import statistics
@@ -114,15 +115,11 @@ def run_case(model: Model, n: int, builders: dict[str, _steps.Builder], reps: in
     batch = model.make_batch()
     split: dict[str, list[tuple[float, float]]] = {k: [] for k in builders}
 
-    def candidate(name):
-        def run():
-            split[name].append(compile_once(builders[name], params, batch, model.loss))
+    def run(name):
+        split[name].append(compile_once(builders[name], params, batch, model.loss))
 
-        return run
-
-    rows = _harness.measure(
-        {k: candidate(k) for k in builders}, baseline="plain", reps=reps, warmup=warmup
-    )
+    cands = {k: functools.partial(run, k) for k in builders}
+    rows = _harness.measure(cands, baseline="plain", reps=reps, warmup=warmup)
     for r in rows:
         timed = split[r.name][warmup:]  # the warm-up samples came first
         r.extra["lower_s"] = [a for a, _ in timed]
@@ -153,13 +150,9 @@ def run_model(model: Model, builders: dict, leaf_counts: tuple[int, ...], args: 
     for n in leaf_counts:
         reps, warmup = (args.reps_large, 0) if n >= 100 else (args.reps, args.warmup)
         reps, warmup = (1, 0) if args.tiny else (reps, warmup)
-        run_now, skipped = {}, []
-        for name, b in builders.items():
-            proj = projected(seconds[name], n)
-            if proj is not None and proj > args.budget_s:
-                skipped.append(f"{name} (projected {proj:.0f} s)")
-            else:
-                run_now[name] = b
+        proj = {k: projected(seconds[k], n) or 0.0 for k in builders}
+        skipped = [f"{k} (projected {s:.0f} s)" for k, s in proj.items() if s > args.budget_s]
+        run_now = {k: b for k, b in builders.items() if proj[k] <= args.budget_s}
         if "plain" not in run_now:
             tables[-1].notes.append(
                 f"{n} leaves not run: even the plain step's compile is projected past "
