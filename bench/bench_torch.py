@@ -73,23 +73,19 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         return []
     width, depth, batch = (32, 2, 8) if args.tiny else (1024, 4, 256)
     reps, warmup = (1, 1) if args.tiny else (args.reps, args.warmup)
+    runs = {"reps": reps, "warmup": warmup}
     s = torch_steps(width, depth, batch, "float16", "sgd", torch.device("cpu"), fused=False)
     mparams = sum(p.numel() for p in s.model.parameters()) / 1e6
-    cands = {"torch plain step": s.plain, "torch GradScaler step": s.scaled}
-    step = _harness.timed_table(
-        "5. torch for scale",
-        f"torch CPU MLP {mparams:.1f}M params, batch {batch}, float16 autocast",
-        cands,
-        baseline="torch plain step",
-        reps=reps,
-        warmup=warmup,
-        notes=[
-            f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
-            "SGD(lr=1e-3, momentum=0.9); GradScaler(init_scale=2**15).",
-            "torch's CPU float16 matmuls are slow (no fast fp16 GEMM on this CPU), "
-            "so the full step hides the scaler: see the next table for its own cost.",
-        ],
-    )
+    w, base = "5. torch for scale", "torch plain step"
+    cands = {base: s.plain, "torch GradScaler step": s.scaled}
+    title = f"torch CPU MLP {mparams:.1f}M params, batch {batch}, float16 autocast"
+    notes = [
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        "SGD(lr=1e-3, momentum=0.9); GradScaler(init_scale=2**15).",
+        "torch's CPU float16 matmuls are slow (no fast fp16 GEMM on this CPU), "
+        "so the full step hides the scaler: see the next table for its own cost.",
+    ]
+    step = _harness.timed_table(w, title, cands, baseline=base, notes=notes, **runs)
     # The scaler's own work, on gradients computed once.
     s.opt.zero_grad(set_to_none=True)
     s.scaler.scale(s.loss()).backward()
@@ -107,15 +103,10 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
 
     cands = {"optimizer.step": lambda: (set_grads(), s.opt.step())}
     cands["GradScaler unscale_+step+update"] = scaler_update
-    update = _harness.timed_table(
-        "5. torch for scale",
-        f"torch GradScaler's own work on fixed gradients ({mparams:.1f}M params)",
-        cands,
-        baseline="optimizer.step",
-        reps=max(reps, 3) * (1 if args.tiny else 4),
-        warmup=warmup,
-        notes=["both rows first copy the saved gradients into .grad (same cost in each)."],
-    )
+    title = f"torch GradScaler's own work on fixed gradients ({mparams:.1f}M params)"
+    notes = ["both rows first copy the saved gradients into .grad (same cost in each)."]
+    runs["reps"] = max(reps, 3) * (1 if args.tiny else 4)
+    update = _harness.timed_table(w, title, cands, baseline="optimizer.step", notes=notes, **runs)
     for t in (step, update):
         t.columns = _harness.overhead_ms(t.rows)
     _harness.finish(args, [step, update])
