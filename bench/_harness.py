@@ -59,9 +59,6 @@ class Table:
     # extra columns: header -> {row name: formatted value}
     columns: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Table:
         return cls(**{**d, "rows": [Row(**r) for r in d["rows"]]})
@@ -256,11 +253,11 @@ def save(args, tables: Sequence[Table], sections: Sequence[Mapping] = (), show=F
     if show:
         print(machine_markdown(machine) + "\n" + tables_markdown(tables))
     if args.json:
-        out = {"argv": sys.argv, "machine": machine, "tables": [t.to_json() for t in tables]}
+        out = {
+            "argv": sys.argv,
+            "machine": machine,
+            "tables": [dataclasses.asdict(t) for t in tables],
+        }
         with open(args.json + ".tmp", "w") as f:
             json.dump(out | {"sections": list(sections)}, f, indent=1)
         os.replace(args.json + ".tmp", args.json)
-
-
-def finish(args, tables: Sequence[Table], sections: Sequence[Mapping] = ()) -> None:
-    save(args, tables, sections, show=True)

@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
     for name in args.models:
         counts = args.leaves or ((2, 4) if args.tiny else MODELS[name].leaf_counts)
         tables += run_model(MODELS[name], builders, tuple(counts), args, why)
-    _harness.finish(args, tables)
+    _harness.save(args, tables, show=True)
     return tables
 
 

@@ -15,7 +15,7 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _harness import Table, finish, parser, timed_table  # noqa: E402
+from _harness import Table, parser, save, timed_table  # noqa: E402
 from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
@@ -132,7 +132,7 @@ def main() -> None:
     assert jax.device_count() == 8, jax.devices()
     tables = [_table(layout, width, depth, batch, args) for layout in ("fsdp", "data_parallel")]
     tables += [_pass_table(layout, width, depth, args) for layout in ("fsdp", "data_parallel")]
-    finish(args, tables)
+    save(args, tables, show=True)
 
 
 if __name__ == "__main__":

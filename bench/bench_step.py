@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         for compute in args.compute:
             tables.append(run_table(args, *(int(v) for v in model.split("x")), compute))
             _harness.save(args, tables)
-    _harness.finish(args, tables)
+    _harness.save(args, tables, show=True)
     return tables
 
 

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         import torch
     except ImportError:
         print("torch is not installed (pip install -e '.[bench]'): workload 5 skipped")
-        _harness.finish(args, [])
+        _harness.save(args, [], show=True)
         return []
     width, depth, batch = (32, 2, 8) if args.tiny else (1024, 4, 256)
     reps, warmup = (1, 1) if args.tiny else (args.reps, args.warmup)
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
     update = _harness.timed_table(w, title, cands, baseline="optimizer.step", notes=notes, **runs)
     for t in (step, update):
         t.columns = _harness.overhead_ms(t.rows)
-    _harness.finish(args, [step, update])
+    _harness.save(args, [step, update], show=True)
     return [step, update]
 
 

@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
                 with open(out) as f:
                     tables += [_harness.Table.from_json(t) for t in json.load(f)["tables"]]
                 _harness.save(args, tables)
-        _harness.finish(args, tables)
+        _harness.save(args, tables, show=True)
         return tables
     first_call: dict[str, dict[str, float]] = {}
     if args.first_call and os.path.exists(args.first_call):
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
     if args.first_call:
         with open(args.first_call, "w") as f:
             json.dump(first_call, f)
-    _harness.finish(args, tables)
+    _harness.save(args, tables, show=True)
     return tables
 
 

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         for r in t.rows:
             r.times = [x / per for x in r.times]
         tables.append(t)
-    _harness.finish(args, tables)
+    _harness.save(args, tables, show=True)
     return tables
 
 

@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ]
     for s in sections:
         print(s["markdown"])
-    _harness.finish(args, [], sections)
+    _harness.save(args, [], sections, show=True)
     return sections
 
 
