@@ -74,10 +74,7 @@ def _table(layout: str, width: int, depth: int, batch: int, args) -> Table:
     fsdp = layout == "fsdp"
     host = _params(width, depth)
     with jax.sharding.use_mesh(mesh) if hasattr(jax.sharding, "use_mesh") else mesh:
-        params = {
-            k: jax.device_put(v, NamedSharding(mesh, P("d") if fsdp else P()))
-            for k, v in host.items()
-        }
+        params = jax.device_put(host, NamedSharding(mesh, P("d") if fsdp else P()))
         x = np.random.default_rng(1).standard_normal((batch, width)).astype(np.float32)
         x = jax.device_put(x, NamedSharding(mesh, P("d")))
         state = jax.device_put(jas.init_scale_state(2.0**10), NamedSharding(mesh, P()))
@@ -105,7 +102,7 @@ def _pass_table(layout: str, width: int, depth: int, args) -> Table:
     candidates = {}
     for name, fn in fns.items():
         step = jax.jit(fn, donate_argnums=0)
-        box = [{k: jax.device_put(v, sharding) for k, v in host.items()}]
+        box = [jax.device_put(host, sharding)]
 
         def run(step=step, box=box):
             box[0] = jax.block_until_ready(step(box[0])[0])
@@ -118,10 +115,8 @@ def _pass_table(layout: str, width: int, depth: int, args) -> Table:
 
 
 def _timed(title: str, candidates: dict, baseline: str, args, notes: list[str]) -> Table:
-    w, reps, warmup = "7. Eight devices", args.reps, args.warmup
-    return timed_table(
-        w, title, candidates, baseline=baseline, reps=reps, warmup=warmup, notes=notes
-    )
+    opts = {"baseline": baseline, "reps": args.reps, "warmup": args.warmup, "notes": notes}
+    return timed_table("7. Eight devices", title, candidates, **opts)
 
 
 def main() -> None:
