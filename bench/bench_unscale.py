@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-SCALE = 2.0**15
+WORKLOAD, SCALE = "2. One pass over the gradients", 2.0**15
 # Exponent projecting a first call from the largest size run, against --budget-s.
 GROWTH = 1.25
 TORCH = "torch fused (_amp_foreach_non_finite_check_and_unscale_)"
@@ -40,16 +40,10 @@ def magnitude(dtype) -> float:
     return 2.0**8 if dtype == np.float16 else SCALE
 
 
-def split_sizes(total: int, n: int) -> list[int]:
-    q, r = divmod(total, n)
-    return [q + 1] * r + [q] * (n - r)
-
-
 def host_grads(total_bytes: int, n_leaves: int, dtype=np.float32) -> list[np.ndarray]:
-    sizes = split_sizes(total_bytes // np.dtype(dtype).itemsize, n_leaves)
-    rng = np.random.default_rng(0)
-    flat = (rng.standard_normal(sum(sizes), dtype=np.float32) * magnitude(dtype)).astype(dtype)
-    return np.split(flat, np.cumsum(sizes)[:-1])
+    n = total_bytes // np.dtype(dtype).itemsize
+    flat = np.random.default_rng(0).standard_normal(n, dtype=np.float32) * magnitude(dtype)
+    return np.array_split(flat.astype(dtype), n_leaves)  # the first leaves one longer
 
 
 # ---- candidates: each f(grads, scale, *extra) -> (unscaled grads, found_inf)
@@ -223,12 +217,21 @@ def run_case(args, total_bytes, n_leaves, reps, warmup, dtype, first_call):
     return rows, skipped
 
 
-def throughput(rows, total_bytes) -> dict[str, dict[str, str]]:
+def columns(rows, total_bytes) -> dict[str, dict[str, str]]:
+    """Throughput, the ratio to torch's fused op (paired) and the first call."""
     gib, base = total_bytes / 2**30, rows[0].median
-    return {
+    out = {
         "GiB/s (gradient bytes)": {r.name: f"{gib / r.median:.2f}" for r in rows},
         "% of copy throughput": {r.name: f"{100 * base / r.median:.0f}%" for r in rows},
     }
+    if torch := next((r for r in rows if r.name == TORCH), None):
+        out["ratio to torch fused"] = {
+            r.name: f"{_harness.paired_ratio(r, torch):.2f}" for r in rows
+        }
+    out["first call, compile included (s)"] = {
+        r.name: f"{r.extra['first_call_s']:.2f}" for r in rows if "first_call_s" in r.extra
+    }
+    return out
 
 
 def main(argv: list[str] | None = None) -> list[_harness.Table]:
@@ -241,9 +244,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="of the CPU limit")
     p.add_argument("--budget-s", type=float, default=90.0, help="first-call budget (default 90)")
     p.add_argument("--in-process", action="store_true", help="every case in this process")
-    p.add_argument(
-        "--first-call", metavar="PATH", help="JSON of first calls so far (read, updated)"
-    )
+    p.add_argument("--first-call", metavar="PATH", help="JSON of first calls (read, updated)")
     args = p.parse_args(argv)
     if args.tiny:
         total, leaf_counts, reps, warmup = 1 << 16, (1, 10, 100), 1, 1
@@ -287,19 +288,10 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
                 + "; ".join(skipped)
                 + ". XLA compiles one kernel per leaf reduction on the CPU."
             )
-        columns = throughput(rows, total)
-        if (torch := next((r for r in rows if r.name == TORCH), None)) is not None:
-            columns["ratio to torch fused"] = {
-                r.name: f"{_harness.paired_ratio(r, torch):.2f}" for r in rows
-            }
-        columns["first call, compile included (s)"] = {
-            r.name: f"{r.extra['first_call_s']:.2f}" for r in rows if "first_call_s" in r.extra
-        }
+        cols = columns(rows, total)
         title = f"{total >> 20} MiB {dname} over {n} leaves"
-        workload = "2. One pass over the gradients"
-        tables.append(
-            _harness.Table(workload, title, "plain copy", rows, "ms", reps, warmup, notes, columns)
-        )
+        t = _harness.Table(WORKLOAD, title, "plain copy", rows, "ms", reps, warmup, notes, cols)
+        tables.append(t)
         _harness.save(args, tables)
     if args.first_call:
         with open(args.first_call, "w") as f:
