@@ -346,16 +346,17 @@ def default_handler(platform: str, op: str = UPDATE_SCALE) -> Any:
     """The handler capsule of `op` for a plugin `platform`: the CUDA module's
     for cuda, else the Ascend module's (``aclnnAmpUpdateScale`` for
     update-scale, ``aclnnForeachNonFiniteCheckAndUnscale`` for the pass)."""
-    name = "_native_cuda" if platform in ("cuda", "gpu") else "_native_ascend"
-    try:
-        mod = importlib.import_module(f"jax_amp_scale.{name}")
-    except ImportError as e:
-        raise PluginRegistrationError(
-            f"the {platform} handler was not built (jax_amp_scale.{name} is missing: "
-            f"{e}); rebuild with a CUDA compiler on PATH"
-        ) from None
     if platform in ("cuda", "gpu"):
+        try:
+            mod = importlib.import_module("jax_amp_scale._native_cuda")
+        except ImportError as e:
+            raise PluginRegistrationError(
+                "the CUDA handler was not built (jax_amp_scale._native_cuda is missing: "
+                f"{e}); rebuild with a CUDA compiler on PATH"
+            ) from None
         op = UPDATE_SCALE
+    else:  # always built: it needs no CANN to build or load
+        mod = importlib.import_module("jax_amp_scale._native_ascend")
     return mod.registrations()[module_targets(mod)[op]]
 
 

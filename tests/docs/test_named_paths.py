@@ -37,7 +37,8 @@ PATH = re.compile(
 
 
 def _sources() -> list[pathlib.Path]:
-    files = [ROOT / "README.md", ROOT / "ARCHITECTURE.md"]
+    files = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", ROOT / "pyproject.toml"]
+    files += sorted(p for p in (ROOT / ".ci").glob("*") if p.is_file())
     for folder, pattern in (
         ("jax_amp_scale", "**/*.py"),
         ("ffi", "*"),
@@ -81,7 +82,7 @@ def prose(path: pathlib.Path) -> str:
             if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 parts.append(ast.get_docstring(node) or "")
         return "\n".join(parts)
-    if path.suffix == ".sh":
+    if path.suffix in (".sh", ".toml") or path.parent.name == ".ci":
         return "\n".join(line.split("#", 1)[1] for line in text.splitlines() if "#" in line)
     return text
 
