@@ -157,6 +157,7 @@ def machine_info() -> dict[str, str]:
     except Exception as e:  # no backend: still report the rest
         devs = f"unavailable ({e})"
     git = ["git", "-C", os.path.dirname(os.path.abspath(__file__))]
+    commit = _output(*git, "rev-parse", "--short", "HEAD") or "unknown"
     dirty = "+dirty" if _output(*git, "status", "--porcelain", "--untracked-files=no") else ""
     info = {
         "date (UTC)": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
@@ -167,12 +168,10 @@ def machine_info() -> dict[str, str]:
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
         "jax devices": devs,
-        "jax_amp_scale commit": (_output(*git, "rev-parse", "--short", "HEAD") or "unknown")
-        + dirty,
+        "jax_amp_scale commit": commit + dirty,
     }
-    if gpu := _output(
-        "nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"
-    ):
+    query = ("--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
+    if gpu := _output("nvidia-smi", *query):
         info["gpu (nvidia-smi: name, driver, memory)"] = "; ".join(gpu.splitlines())
     for mod in ("jax", "jaxlib", "numpy", "optax", "jmp", "flax", "torch", "jax_amp_scale"):
         try:

@@ -262,9 +262,8 @@ def main(argv: list[str] | None = None) -> None:
         for w in [] if args.render else args.only:
             res = run_workload(WORKLOADS[w], extra[w], Path(tmp) / f"{w}.json", args.timeout_s)
             command = shlex.join(["python", f"bench/{WORKLOADS[w]}", *extra[w]])
-            keep = ("cut", "wall_s", "machine", "tables")
             runs[w] = {"command": command, "via": me, "sections": res.get("sections", [])}
-            runs[w] |= {k: res[k] for k in keep}
+            runs[w] |= {k: res[k] for k in ("cut", "wall_s", "machine", "tables")}
     order = [w for w in WORKLOADS if w in runs]
     tables = [_harness.Table.from_json(t) for w in order for t in runs[w]["tables"]]
     sections = [s for w in order for s in runs[w].get("sections", [])]
@@ -281,12 +280,10 @@ def main(argv: list[str] | None = None) -> None:
         f"**{'met' if s['unexplained'] == 0 else 'missed'}** ({s['unexplained']:,})."
         for s in sections
     ]
+    machine_md = _harness.machine_markdown(machine)
     header = [
         *["## Run", "", "Each workload ran in its own process:", "", *ran, ""],
-        *[
-            "Machine and versions (of the latest of these runs):",
-            _harness.machine_markdown(machine),
-        ],
+        *["Machine and versions (of the latest of these runs):", machine_md],
         *["## Targets", "", *verdicts, *targets(tables), "", "## Tables", ""],
     ]
     body = "\n".join([*(s["markdown"] for s in sections), _harness.tables_markdown(tables)])
