@@ -20,14 +20,8 @@ import numpy as np
 import jax_amp_scale as jas
 
 INT32_MAX = 2**31 - 1
-FIXED_FACTORS = [
-    (2.0, 0.5, 2000),
-    (2.0, 0.5, 1),
-    (1.1, 0.3, 2),
-    (3.0, 0.9, 3),
-    (1.0001, 0.1, INT32_MAX),
-    (65536.0, 0.5**20, 2),
-]
+FIXED_FACTORS = [(2.0, 0.5, 2000), (2.0, 0.5, 1), (1.1, 0.3, 2), (3.0, 0.9, 3)]
+FIXED_FACTORS += [(1.0001, 0.1, INT32_MAX), (65536.0, 0.5**20, 2)]
 POW2_SCALES = [2.0**k for k in (0, 1, 15, 24, 64, 100, 125, 126, 127)]
 OTHER_SCALES = [3 * 2.0**125, 1.7 * 2.0**127, 1.1 * 2.0**126, 1e38, 3.4e38, 12345.678, 0.375]
 GRAD_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -55,9 +49,6 @@ class Tally:
 
 def bits(x: np.ndarray) -> np.ndarray:
     return x.view({4: np.uint32, 2: np.uint16}[x.dtype.itemsize])
-
-
-# ---- update_scale -----------------------------------------------------------
 
 
 def random_states(rng: np.random.Generator, n: int, gi: int):
@@ -104,12 +95,9 @@ def classify_update(tally: Tally, scales, got, want, factors) -> None:
         for i in np.nonzero(other)[0][:5]
     ]
     tally.add("scale bits", int(np.sum(other)), seen)
-    wrong_t = gt != wt
-    tally.add(
-        "tracker",
-        int(np.sum(wrong_t)),
-        [f"{factors}: ours {gt[wrong_t][:3]}, torch {wt[wrong_t][:3]}"],
-    )
+    wrong = gt != wt
+    seen = [f"{factors}: ours {gt[wrong][:3]}, torch {wt[wrong][:3]}"]
+    tally.add("tracker", int(np.sum(wrong)), seen)
 
 
 def update_scale_check(device, n: int, n_random: int, seed: int = 0) -> dict[str, Tally]:
@@ -128,9 +116,6 @@ def update_scale_check(device, n: int, n_random: int, seed: int = 0) -> dict[str
             got = (np.asarray(got[0]), np.asarray(got[1]))
             classify_update(tallies[b], scales, got, want, (gf, bf, gi))
     return tallies
-
-
-# ---- the gradient pass ------------------------------------------------------
 
 
 def gradients(dtype, n_float32: int, seed: int = 24) -> np.ndarray:
@@ -179,9 +164,8 @@ def classify_pass(tally: Tally, grads, scale, got, want) -> None:
     both_nan = np.isnan(g32) & np.isnan(w32)
     same_sign = (g ^ w) <= mag
     zero_g = (g & mag) == 0
-    flushed = (
-        differ & ~both_nan & zero_g & same_sign & (np.abs(w32.astype(np.float64)) <= 2.0**-126)
-    )
+    tiny_w = np.abs(w32.astype(np.float64)) <= 2.0**-126
+    flushed = differ & ~both_nan & zero_g & same_sign & tiny_w
     with np.errstate(invalid="ignore"):  # NaN gradients compare false, as they should
         sub_in = (np.abs(grads.astype(np.float64)) < 2.0**-126) & (grads != 0)
     operand = differ & ~both_nan & ~flushed & sub_in & zero_g
@@ -208,16 +192,10 @@ def pass_check(device, n_float32: int, scales: list[float]) -> dict[tuple[str, s
             for b in backends:
                 tally = tallies.setdefault((dname, b), Tally())
                 out, found = ours_unscale(b)(jnp.asarray(grads), state)
-                tally.add(
-                    "found_inf",
-                    int(bool(found) != want_found),
-                    [f"scale {scale!r}: ours {bool(found)}, torch {want_found}"],
-                )
+                seen = [f"scale {scale!r}: ours {bool(found)}, torch {want_found}"]
+                tally.add("found_inf", int(bool(found) != want_found), seen)
                 classify_pass(tally, grads, scale, np.asarray(out), want)
     return tallies
-
-
-# ---- report -----------------------------------------------------------------
 
 
 def section(part: str, title: str, tallies: dict[str, Tally], first: str) -> dict:
