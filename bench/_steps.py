@@ -134,16 +134,12 @@ def optax_if_finite(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransfor
 def candidates(backends: tuple[str, ...]) -> dict[str, Builder]:
     """name -> builder, plain first (the baseline)."""
     out: dict[str, Builder] = {"plain": plain}
-    for b in backends:
-        out[f"ours loss_scaled[{b}]"] = ours(b)
+    out |= {f"ours loss_scaled[{b}]": ours(b) for b in backends}
     # What the host reports cost where they are a host callback in a
     # conditional (off the CPU; the native report is CPU-only).
     out[NO_REPORTS] = ours("auto", host_reports=False)
-    out[HANDWRITTEN] = handwritten_skip
-    out["jmp DynamicLossScale"] = jmp_dynamic
-    out["flax DynamicScale"] = flax_dynamic
-    out["optax apply_if_finite"] = optax_if_finite
-    return out
+    peers = {"jmp DynamicLossScale": jmp_dynamic, "flax DynamicScale": flax_dynamic}
+    return out | {HANDWRITTEN: handwritten_skip, **peers, "optax apply_if_finite": optax_if_finite}
 
 
 def ours_available() -> str | None:

@@ -100,14 +100,11 @@ def run_table(args, width: int, depth: int, batch: int, compute: str) -> _harnes
 
 def main(argv: list[str] | None = None) -> list[_harness.Table]:
     p = _harness.parser(__doc__.splitlines()[0], reps=15)
-    p.add_argument(
-        "--compute", nargs="+", default=["float16", "float32"], choices=["float16", "float32"]
-    )
+    dtypes = ["float16", "float32"]
+    p.add_argument("--compute", nargs="+", default=dtypes, choices=dtypes)
     p.add_argument("--optimizer", default="sgd", choices=sorted(OPTIMIZERS))
     p.add_argument("--only", nargs="+", metavar="NAME", help="plain and these candidates only")
-    p.add_argument(
-        "--models", nargs="+", default=["1024x4x256"], metavar="WIDTHxDEPTHxBATCH", help="MLPs"
-    )
+    p.add_argument("--models", nargs="+", default=["1024x4x256"], metavar="WIDTHxDEPTHxBATCH")
     p.add_argument("--torch", action="store_true", help="also torch's steps, on JAX's device")
     args = p.parse_args(argv)
     tables = []

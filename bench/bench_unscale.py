@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import _harness
 import _steps
@@ -266,8 +267,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         return tables
     first_call: dict[str, dict[str, float]] = {}
     if args.first_call and os.path.exists(args.first_call):
-        with open(args.first_call) as f:
-            first_call = json.load(f)
+        first_call = json.loads(Path(args.first_call).read_text())
     tables = []
     for dname, n in cases:
         why = _steps.ours_available()
@@ -294,8 +294,7 @@ def main(argv: list[str] | None = None) -> list[_harness.Table]:
         tables.append(t)
         _harness.save(args, tables)
     if args.first_call:
-        with open(args.first_call, "w") as f:
-            json.dump(first_call, f)
+        Path(args.first_call).write_text(json.dumps(first_call))
     _harness.save(args, tables, show=True)
     return tables
 
