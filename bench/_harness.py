@@ -244,10 +244,9 @@ def parser(description: str, *, reps: int, warmup: int = 2) -> argparse.Argument
 
 
 def save(args, tables: Sequence[Table], sections: Sequence[Mapping] = (), show=False) -> None:
-    """Writes --json (if asked) with what is measured so far, so that a
-    workload stopped at its time limit keeps the tables it finished; `show`:
-    prints the machine and `tables` first.  `sections` are results that are
-    not timings (dicts of "title", "markdown" and "unexplained")."""
+    """Writes --json (if asked) with the tables so far, which a workload stopped at its limit
+    keeps, and `sections`, results not timings (dicts of "title", "markdown", "unexplained");
+    `show`: prints the machine and `tables` first."""
     machine = machine_info()
     if show:
         print(machine_markdown(machine) + "\n" + tables_markdown(tables))

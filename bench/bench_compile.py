@@ -90,9 +90,7 @@ MODELS = {
 }
 
 
-def compile_once(
-    builder: _steps.Builder, params, batch, loss: Callable = leafy_loss
-) -> tuple[float, float]:
+def compile_once(builder: _steps.Builder, params, batch, loss: Callable) -> tuple[float, float]:
     """(trace+lower seconds, XLA compile seconds) for a fresh step function."""
     carry, step = builder(loss, params, optax.sgd(1e-3, momentum=0.9))
     leaves, treedef = jax.tree.flatten(carry)
@@ -133,9 +131,8 @@ def exponent(t: dict[int, float], a: int, b: int) -> float:
 
 
 def projected(history: dict[int, float], n: int) -> float | None:
-    """Seconds one compile at `n` leaves would take: the last size's time
-    carried forward with the growth between the two largest sizes run so far
-    (at least linear)."""
+    """Seconds one compile at `n` leaves would take: the last size's time carried
+    forward with the growth between the two largest sizes so far (at least linear)."""
     sizes = sorted(history)
     if not sizes:
         return None
@@ -178,13 +175,12 @@ def run_model(model: Model, builders: dict, leaf_counts: tuple[int, ...], args: 
         t.columns = {"trace+lower + XLA compile (s)": split}
         tables.append(t)
     if len(leaf_counts) >= 2:
+        pairs = list(itertools.pairwise(leaf_counts))
         growth = {
-            name: ", ".join(
-                f"{a}->{b}: {exponent(d, a, b):.2f}"
-                for a, b in itertools.pairwise(leaf_counts)
-                if a in d and b in d
+            k: ", ".join(
+                f"{a}->{b}: {exponent(d, a, b):.2f}" for a, b in pairs if {a, b} <= d.keys()
             )
-            for name, d in seconds.items()
+            for k, d in seconds.items()
         }
         for t in tables:
             t.columns["growth exponent (1 = linear)"] = {r.name: growth[r.name] for r in t.rows}

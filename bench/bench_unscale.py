@@ -173,9 +173,8 @@ def run_case(args, total_bytes, n_leaves, reps, warmup, dtype, first_call):
     dname = np.dtype(dtype).name
     peers = not args.no_peers and dtype == np.float32
     cands, skipped, jitted = {}, [], {}
-    for name, (fn, make_scale, *extra) in jax_candidates(
-        _steps.ours_available() is None, peers
-    ).items():
+    jax_cands = jax_candidates(_steps.ours_available() is None, peers)
+    for name, (fn, make_scale, *extra) in jax_cands.items():
         seen = first_call.setdefault(f"{name} {dname}", {})
         if seen and name != "plain copy" and n_leaves > 100:
             last = max(seen, key=int)

@@ -73,12 +73,8 @@ def torch_update(device, scales, trackers, found, gf, bf, gi):
 
 @functools.cache
 def ours_update(backend: str, gf: float, bf: float, gi: int):
-    def one(s, t, f):
-        return jas.amp_update_scale(
-            s, t, f, growth_factor=gf, backoff_factor=bf, growth_interval=gi, backend=backend
-        )
-
-    return jax.jit(jax.vmap(one))
+    kw = {"growth_factor": gf, "backoff_factor": bf, "growth_interval": gi, "backend": backend}
+    return jax.jit(jax.vmap(lambda s, t, f: jas.amp_update_scale(s, t, f, **kw)))
 
 
 def classify_update(tally: Tally, scales, got, want, factors) -> None:
@@ -112,8 +108,7 @@ def update_scale_check(device, n: int, n_random: int, seed: int = 0) -> dict[str
         scales, trackers, found = random_states(rng, n, gi)
         want = torch_update(device, scales, trackers, found, gf, bf, gi)
         for b in backends:
-            got = ours_update(b, gf, bf, gi)(scales, trackers, found)
-            got = (np.asarray(got[0]), np.asarray(got[1]))
+            got = tuple(map(np.asarray, ours_update(b, gf, bf, gi)(scales, trackers, found)))
             classify_update(tallies[b], scales, got, want, (gf, bf, gi))
     return tallies
 
@@ -146,11 +141,7 @@ def torch_unscale(device, grads: np.ndarray, scale: float) -> tuple[np.ndarray, 
 
 @functools.cache
 def ours_unscale(backend: str):
-    def run(g, state):
-        (out,), found = jas.unscale_and_check([g], state, backend=backend)
-        return out, found
-
-    return jax.jit(run)
+    return jax.jit(lambda g, state: jas.unscale_and_check([g], state, backend=backend))
 
 
 def classify_pass(tally: Tally, grads, scale, got, want) -> None:
@@ -191,7 +182,7 @@ def pass_check(device, n_float32: int, scales: list[float]) -> dict[tuple[str, s
             state = jas.init_scale_state(scale)
             for b in backends:
                 tally = tallies.setdefault((dname, b), Tally())
-                out, found = ours_unscale(b)(jnp.asarray(grads), state)
+                (out,), found = ours_unscale(b)(jnp.asarray(grads), state)
                 seen = [f"scale {scale!r}: ours {bool(found)}, torch {want_found}"]
                 tally.add("found_inf", int(bool(found) != want_found), seen)
                 classify_pass(tally, grads, scale, np.asarray(out), want)

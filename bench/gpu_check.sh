@@ -47,19 +47,12 @@ stage() {
 # --- the machine ------------------------------------------------------------
 say "gpu_check $(date -u +%FT%TZ) at $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 if [[ $DRY == 0 ]]; then
-  if ! command -v nvidia-smi >/dev/null; then
-    say "no nvidia-smi: not a GPU machine (use --dry-run on CPU)"
-    exit 1
-  fi
+  command -v nvidia-smi >/dev/null || { say "no nvidia-smi (on a CPU: --dry-run)"; exit 1; }
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$LOG"
   NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
-  if [[ ! -x "$NVCC" ]]; then
-    say "no nvcc (set NVCC=/path/to/nvcc): the CUDA handler cannot be built"
-    exit 1
-  fi
+  [[ -x "$NVCC" ]] || { say "no nvcc (set NVCC=/path/to/nvcc) to build the CUDA handler"; exit 1; }
   "$NVCC" --version | tail -1 | tee -a "$LOG"
-  export CUDACXX="$NVCC"
-  export PATH="$(dirname "$NVCC"):$PATH"
+  export CUDACXX="$NVCC" PATH="$(dirname "$NVCC"):$PATH"
   # The tests' conftest defaults JAX_PLATFORMS to cpu; the GPU must win here.
   export JAX_PLATFORMS="cuda,cpu"
   # JAX and torch share the GPU in one process.
