@@ -193,9 +193,8 @@ def _shared(words: list[list[str]]) -> int:
 
 
 def tables_markdown(tables: Sequence[Table]) -> str:
-    """Markdown, one table per workload, unit and baseline: a row per
-    candidate, a column per table (the words its titles do not share), each
-    cell the median and (the paired ratio); min and max stay in the JSON."""
+    """Markdown, one table per workload, unit and baseline: a row per candidate, a column per
+    table (what its title does not share), each cell the median and (the paired ratio)."""
     groups: dict[tuple, list[Table]] = {}
     for t in tables:
         groups.setdefault((t.workload, t.unit, t.baseline), []).append(t)

@@ -135,8 +135,7 @@ def candidates(backends: tuple[str, ...]) -> dict[str, Builder]:
     """name -> builder, plain first (the baseline)."""
     out: dict[str, Builder] = {"plain": plain}
     out |= {f"ours loss_scaled[{b}]": ours(b) for b in backends}
-    # What the host reports cost where they are a host callback in a
-    # conditional (off the CPU; the native report is CPU-only).
+    # The host reports' cost where they are a callback in a conditional (off the CPU).
     out[NO_REPORTS] = ours("auto", host_reports=False)
     peers = {"jmp DynamicLossScale": jmp_dynamic, "flax DynamicScale": flax_dynamic}
     return out | {HANDWRITTEN: handwritten_skip, **peers, "optax apply_if_finite": optax_if_finite}

@@ -90,10 +90,9 @@ def run_table(args, width: int, depth: int, batch: int, compute: str) -> _harnes
     t.columns = _harness.overhead_ms(t.rows)
     if args.torch:  # torch's rows against torch's plain step
         base = next(r for r in t.rows if r.name.startswith("torch plain"))
+        ratios = {r.name: _harness.paired_ratio(r, base) for r in t.rows}
         t.columns["ratio to torch plain"] = {
-            r.name: f"{_harness.paired_ratio(r, base):.3f}"
-            for r in t.rows
-            if r.name.startswith("torch")
+            k: f"{v:.3f}" for k, v in ratios.items() if k.startswith("torch")
         }
     return t
 

@@ -11,10 +11,9 @@ import _harness
 
 
 def torch_steps(width, depth, batch, compute, optimizer, device, fused=True) -> SimpleNamespace:
-    """The MLP in torch on `device`, autocast to `compute`, its optimizer
-    (fused where torch has it and `fused`: GradScaler then hands the
-    unscale to the fused kernel) and GradScaler(init_scale=2**15), with its
-    plain and scaled steps (each synchronised)."""
+    """The MLP in torch on `device`, autocast to `compute`; its optimizer (fused where torch
+    has it and `fused`: GradScaler then hands the unscale to the fused kernel), its
+    GradScaler(init_scale=2**15), its plain and scaled steps (each synchronised)."""
     import torch
 
     torch.manual_seed(0)

@@ -62,25 +62,17 @@ def mlp_fn(backend: str | None, width: int, batch: int):
     return lambda: jax.block_until_ready(step(params, st))
 
 
-def trivial_scalar(scale, tracker, found):
-    """The compile-time baseline: one select and one add on the same scalars."""
-    return jnp.where(found, scale * 0.5, scale), tracker + 1
-
-
 def compile_fn(backend: str | None, gf: float = 2.0, bf: float = 0.5):
-    """A fresh trace, lowering and XLA compile each call (no jit cache hit)."""
+    """A fresh trace, lowering and XLA compile each call (a fresh function: no jit cache
+    hit); without a backend the baseline, one select and one add on the same scalars."""
     args = (jnp.float32(2.0**16), jnp.int32(0), jnp.bool_(False))
     kw = dict(growth_factor=gf, backoff_factor=bf, growth_interval=2000, backend=backend)
 
     def run():
-        if backend is None:  # a fresh function object each time
-
-            def fn(s, t, f):
-                return trivial_scalar(s, t, f)
-        else:
-
-            def fn(s, t, f):
-                return jas.amp_update_scale(s, t, f, **kw)
+        def fn(s, t, f):
+            if backend is None:
+                return jnp.where(f, s * 0.5, s), t + 1
+            return jas.amp_update_scale(s, t, f, **kw)
 
         jax.jit(fn).lower(*args).compile()
 

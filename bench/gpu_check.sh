@@ -138,8 +138,5 @@ if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
 fi
 
 say "total $(($(date +%s) - START))s of ${BUDGET_S}s budget"
-if ((${#FAILED[@]})); then
-  say "FAILED: ${FAILED[*]}"
-  exit 1
-fi
+((${#FAILED[@]})) && { say "FAILED: ${FAILED[*]}"; exit 1; }
 say "all stages ran"

@@ -38,9 +38,7 @@ def main() -> None:
     args = (params, tx.init(params), params)
     jax.jit(tx.update).lower(*args)  # imports and caches out of the count
     files = files_entered(tx.update, *args)
-    print(f"package files entered: {len(files)}")
-    for f in files:
-        print(f"  {f}")
+    print(f"package files entered: {len(files)}", *(f"  {f}" for f in files), sep="\n")
 
 
 if __name__ == "__main__":

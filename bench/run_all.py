@@ -178,14 +178,12 @@ def targets(tables: list[_harness.Table]) -> list[str]:
 
 def write_markdown(path: Path, header: str, body: str) -> None:
     generated = f"{BEGIN}\n{header}\n{body}{END}\n"
-    if path.exists():
-        old = path.read_text()
-        if BEGIN in old and END in old:
-            pre, rest = old.split(BEGIN, 1)
-            _, post = rest.split(END, 1)
-            path.write_text(pre + generated + "\n" + post.lstrip("\n"))
-            return
-    path.write_text("# Benchmark results\n\n" + generated)
+    old = path.read_text() if path.exists() else ""
+    if BEGIN in old and END in old:
+        pre, rest = old.split(BEGIN, 1)
+        path.write_text(pre + generated + "\n" + rest.split(END, 1)[1].lstrip("\n"))
+    else:
+        path.write_text("# Benchmark results\n\n" + generated)
 
 
 def plot(tables: list[_harness.Table], path: Path, workloads: tuple[str, ...] = ("",)) -> None:
