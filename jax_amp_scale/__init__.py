@@ -26,16 +26,19 @@ from jax_amp_scale.training.helpers import (
 )
 from jax_amp_scale.training.policy import Policy, get_policy
 from jax_amp_scale.training.scalers import (
+    AmaxScaler,
     DynamicScaler,
     NoOpScaler,
     Scaler,
     StaticScaler,
+    amax_scaler,
     dynamic_scaler,
     no_op_scaler,
     static_scaler,
 )
 
 __all__ = [
+    "AmaxScaler",
     "DynamicScaler",
     "NoOpScaler",
     "Policy",
@@ -44,6 +47,7 @@ __all__ = [
     "StaticScaler",
     "Trainer",
     "all_finite",
+    "amax_scaler",
     "amp_update_scale",
     "auto_backend",
     "available_backends",

@@ -215,6 +215,34 @@ def unscale_and_check(
     return jax.tree_util.tree_unflatten(treedef, leaves), found
 
 
+def unscale_check_amax(
+    tree: PyTree, state: Any, *, backend: Backend = "auto", axis_name: Hashable | None = None
+) -> tuple[PyTree, jax.Array, jax.Array, jax.Array]:
+    """`unscale_and_check` plus the step's amax: ``(unscaled, found_inf, amax, leaf_amax)``.
+
+    ``leaf_amax`` is float32 of shape (number of floating leaves,), in
+    ``tree_flatten`` order: the largest |value| of each leaf's *finite*
+    entries of `tree` as given (the scaled gradients, so in scaled units;
+    0 for an empty leaf); ``amax`` is their max (0 for none).  With
+    `axis_name`, found_inf is OR-reduced and both amaxes ``pmax``-ed across it.
+    """
+    unscaled, found = unscale_and_check(tree, state, backend=backend)
+    # TODO(native amax): this reads the gradients a second time beside the
+    # unscale-and-check pass (XLA fuses it with the reference pass, not with
+    # the native one); move the statistic into the native CPU pass.
+    per = [
+        jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), jnp.zeros((), x.dtype)), initial=0)
+        .astype(jnp.float32)
+        for x in jax.tree_util.tree_leaves(tree)
+        if is_float_leaf(x)
+    ]
+    leaf_amax = jnp.stack(per) if per else jnp.zeros((0,), jnp.float32)
+    amax = jnp.max(leaf_amax, initial=0.0)
+    if axis_name is not None:  # where the found-inf all-reduce is
+        amax, leaf_amax = jax.lax.pmax((amax, leaf_amax), axis_name)
+    return unscaled, or_across(found, axis_name), amax, leaf_amax
+
+
 def nonfinite_leaves(tree: PyTree) -> PyTree:
     """A bool scalar per leaf of `tree`: True where it holds an inf or NaN (False
     for non-floating leaves).  `nonfinite_paths` names them on the host."""

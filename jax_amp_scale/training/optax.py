@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import optax
 
 from jax_amp_scale.ops.dispatch import Backend, check_backend
-from jax_amp_scale.ops.operators import or_across, report
+from jax_amp_scale.ops.operators import report
 from jax_amp_scale.state.scale_state import ScaleState
 from jax_amp_scale.state.tree import instances, is_float_leaf, select
 from jax_amp_scale.state.validation import check_bool
@@ -353,9 +353,9 @@ class _Step:
         check_same_scaler(self.scaler, state.scaler)
         axis = self.axis_name
         grads = updates if axis is None else replicas.mean_gradients(updates, axis)
-        grads, found = state.scaler.unscale_and_check(grads, backend=self.pass_backend)
-        found = or_across(found, self.axis_name)
-        new_scaler = state.scaler.update(found, backend=self.backend)
+        grads, found, new_scaler = state.scaler.unscale_and_update(
+            grads, axis_name=axis, backend=self.pass_backend, update_backend=self.backend
+        )
         overflows = jnp.where(found, state.consecutive_overflows + 1, 0).astype(jnp.int32)
         new_updates, new_inner = strongly_typed(
             self.inner.update(grads, state.inner_state, params, **extra_args)
