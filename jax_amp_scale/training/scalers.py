@@ -14,7 +14,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Hashable
-from typing import Any, NoReturn, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, NoReturn, Protocol, TypeVar, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -275,8 +275,12 @@ class AmaxScaler(_Common):
     leaf_paths: tuple[str, ...] = ()
     drop_overflow_update: bool = True
 
-    REASONS = {_NO_STEP: "no step yet", _FINITE: "finite", _OVERFLOW: "overflow",
-               _NOT_SCALE: "non-finite, not the scale"}  # fmt: skip
+    REASONS: ClassVar[dict[int, str]] = {
+        _NO_STEP: "no step yet",
+        _FINITE: "finite",
+        _OVERFLOW: "overflow",
+        _NOT_SCALE: "non-finite, not the scale",
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -388,9 +392,15 @@ _META = {
     StaticScaler: ["drop_overflow_update"],
     NoOpScaler: ["drop_overflow_update"],
     AmaxScaler: [
-        "margin", "micro_batches", "min_scale", "max_scale", "max_backoffs",
-        "compute_dtype", "leaf_paths", "drop_overflow_update",
-    ],  # fmt: skip
+        "margin",
+        "micro_batches",
+        "min_scale",
+        "max_scale",
+        "max_backoffs",
+        "compute_dtype",
+        "leaf_paths",
+        "drop_overflow_update",
+    ],
 }
 for _cls, _meta in _META.items():
     _data = [f.name for f in dataclasses.fields(_cls) if f.name not in _meta]
@@ -529,7 +539,7 @@ def _ceil_log2(n: int) -> int:
 
 
 def _log2_exact(value: float) -> int:
-    m, e = math.frexp(value)
+    _, e = math.frexp(value)
     return e - 1  # value is a checked power of two: m == 0.5
 
 
