@@ -1,0 +1,256 @@
+"""amax_scaler: the rule pinned by hand-computed scale sequences, the exact
+overflow fallback, NaNs that are not the scale's, and every place a scaler goes.
+
+The oracle is independent of the implementation: the expected scales are
+literals worked out by hand from the documented rule (float16, margin 4:
+target T = 65504 / 16 = 4094; on a finite step the next scale is the
+largest power of two S with g * S <= T, g the unscaled amax, at most twice
+the scale, the first finite step unbounded; clip to [2**-24, 2**24]).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jax_amp_scale as jas
+from jax_amp_scale import export
+from jax_amp_scale.optax import (
+    accumulate_gradients,
+    get_loss_scaled_state,
+    loss_scaled,
+    optimizer_step,
+)
+
+TRACES = Path(__file__).resolve().parent / "fixtures" / "amax_traces.json"
+
+
+def drive(scaler, steps):
+    """Feeds (found_inf, unscaled amax) per step; returns the scales used and the reasons."""
+    scales, reasons = [float(scaler.scale)], []
+    for found, g in steps:
+        scaler = scaler.update(jnp.bool_(found), amax=jnp.float32(g * float(scaler.scale)))
+        scales.append(float(scaler.scale))
+        reasons.append(int(scaler.reason))
+    return scales, reasons, scaler
+
+
+def test_hand_computed_sequence():
+    steps = [
+        (False, 0.003),  # at 1: 4094 / 0.003 = 1.36e6 -> 2**20 (first step: no bound)
+        (False, 0.003),  # a = 3145.7 <= 4094 < 6291: stays
+        (False, 0.001),  # ideal 2**21 (4.09e6), = 2 * 2**20
+        (False, 0.0001),  # ideal 2**25, bounded to x2: 2**22
+        (False, 0.0001),  # 2**23
+        (False, 0.0001),  # 2**24 = max_scale
+        (False, 0.0001),  # capped
+        (False, 0.01),  # 409400 -> 2**18, a decrease taken at once
+        (True, 5000 / 2.0**18),  # overflow, finite amax 5000 >= T: x 2**(-1 - 1)
+        (True, 0.0),  # all-NaN step, first in... second in a row (run 1 < 4): x 1/2
+        (False, 0.01),  # at 2**15 a = 327.68; ideal 2**18, bounded to 2**16
+    ]
+    scales, reasons, _ = drive(jas.amax_scaler(), steps)
+    assert scales == [2.0**e for e in (0, 20, 20, 21, 22, 23, 24, 24, 18, 16, 15, 16)]
+    assert reasons == [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0]
+
+
+def test_exact_power_of_two_boundary():
+    # a * 2**k <= T is inclusive: g = 4094 / 2**10 fits 2**10 exactly.
+    scales, _, _ = drive(jas.amax_scaler(), [(False, 4094 / 2.0**10), (False, 4094.01 / 2.0**10)])
+    assert scales == [1.0, 2.0**10, 2.0**9]
+
+
+def test_margin_and_micro_batches_move_the_target():
+    # margin 6 + ceil(log2(3)) = 8: T = 65504 / 256 = 255.875
+    k = jas.amax_scaler(6, micro_batches=3)
+    assert k.target == 65504 / 256
+    scales, _, _ = drive(k, [(False, 1.0), (False, 0.25)])
+    assert scales == [1.0, 128.0, 256.0]  # 255.875 / 1 -> 2**7; then /0.25 = 1023 -> 2**9, x2
+    bf = jas.amax_scaler(compute_dtype=jnp.bfloat16)
+    scales, _, _ = drive(bf, [(False, 1e-3), (False, 1e-3)])
+    assert scales == [1.0, 2.0**24, 2.0**24]  # max_scale is the bound in practice
+
+
+def test_recorded_transformer_traces():
+    # Unscaled amax of the transformer example's float32 run (seed 0, first 12
+    # steps), recorded by examples/amax_scaler_study.py; scales worked by hand:
+    # floor(log2(4094 / g)) per step, at most +1 after the first.
+    trace = json.loads(TRACES.read_text())
+    g = trace["float32_seed0_first12"]
+    scales, reasons, _ = drive(jas.amax_scaler(), [(False, x) for x in g])
+    assert scales == trace["expected_scales"]
+    assert reasons == [0] * len(g)
+
+
+def test_nan_not_from_the_scale_holds_after_max_backoffs():
+    k = jas.amax_scaler(init_scale=2.0**10)
+    scales, reasons, k = drive(k, [(True, 0.0)] * 10)  # NaN everywhere, finite amax 0
+    assert scales == [2.0**10, 2.0**9, 2.0**8, 2.0**7, 2.0**6] + [2.0**6] * 6
+    assert reasons == [1] * 4 + [2] * 6
+    assert int(k.run) == 10
+    # The next finite step resets the run; it is the first finite one, so the
+    # rule is unbounded (4094 / 1e-6 = 4.1e9 -> 2**31, clipped to 2**24); after
+    # it, NaN again backs off and growth is x2 at most.
+    scales, reasons, k = drive(k, [(False, 1e-6), (True, 0.0), (False, 1e-6)])
+    assert scales == [2.0**6, 2.0**24, 2.0**23, 2.0**24] and reasons == [0, 1, 0]
+    assert int(k.run) == 0
+
+
+def test_nan_with_large_finite_entries_keeps_backing_off():
+    k = jas.amax_scaler(init_scale=2.0**10, max_backoffs=0)
+    # finite amax at or above T (4094): the scale pushed them there; back off.
+    scales, reasons, _ = drive(k, [(True, 8000 / 2.0**10), (True, 0.0)])
+    assert scales == [2.0**10, 2.0**8, 2.0**8]  # k(8000) = -1: x 2**-2; then held
+    assert reasons == [1, 2]
+
+
+def test_update_without_amax_never_grows():
+    k = jas.amax_scaler(init_scale=4.0)
+    k = k.update(jnp.bool_(False))
+    assert float(k.scale) == 4.0
+    assert float(k.update(jnp.bool_(True)).scale) == 2.0
+
+
+def params_and_grads():
+    params = {"w": jnp.array([1.0, -2.0, 3.0]), "b": jnp.zeros((), jnp.float32)}
+    g = {"w": jnp.array([1e-3, -2e-3, 4e-3]), "b": jnp.float32(5e-4)}
+    return params, g
+
+
+def scaled(g, state):
+    return jax.tree.map(lambda x: x * state.scale, g)
+
+
+def test_loss_scaled_measures_amax_and_names_leaves():
+    params, g = params_and_grads()
+    tx = loss_scaled(optax.sgd(0.1), jas.amax_scaler(per_leaf=params))
+    st = tx.init(params)
+    u, st = jax.jit(tx.update)(scaled(g, st), st, params)
+    k = st.scaler
+    assert float(k.amax) == np.float32(4e-3)  # at scale 1
+    assert float(k.headroom_used) == pytest.approx(4e-3 / 65504)
+    assert int(k.reason) == 0 and float(k.scale) == 2.0**19  # 4094 / 4e-3 = 1.02e6
+    assert k.leaf_report() == {"['b']": pytest.approx(5e-4), "['w']": pytest.approx(4e-3)}
+    np.testing.assert_allclose(u["w"], -0.1 * g["w"], rtol=1e-6)
+
+
+def test_overflow_is_skipped_exactly():
+    params, _g = params_and_grads()
+    tx = loss_scaled(optax.adam(0.1), jas.amax_scaler(init_scale=2.0**8))
+    st = tx.init(params)
+    bad = {"w": jnp.array([jnp.inf, 1.0, 1.0]), "b": jnp.float32(1.0)}
+    u, st2 = jax.jit(tx.update)(bad, st, params)
+    assert all(bool(jnp.all(x == 0)) for x in jax.tree.leaves(u))
+    for a, b in zip(jax.tree.leaves(st.inner_state), jax.tree.leaves(st2.inner_state), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert int(st2.skipped_steps) == 1 and int(st2.scaler.reason) == 1
+    assert float(st2.scaler.scale) == 2.0**7
+
+
+def test_accumulate_gradients_and_trainer():
+    params, g = params_and_grads()
+    tx = accumulate_gradients(loss_scaled(optax.sgd(0.1), jas.amax_scaler(micro_batches=2)), 2)
+    st = tx.init(params)
+    for _ in range(4):
+        inner = get_loss_scaled_state(st)
+        _, st = jax.jit(tx.update)(scaled(g, inner), st, params)
+    k = get_loss_scaled_state(st).scaler
+    # T = 65504 / 32 = 2047: at 1 -> 2047 / 4e-3 = 5.1e5 -> 2**18; then 2**18 holds (a = 1048.6)
+    assert float(k.scale) == 2.0**18 and int(k.finite_steps) == 2
+
+    trainer = jas.Trainer(optax.sgd(0.1), jas.amax_scaler())
+
+    def loss_fn(p, batch):
+        return jnp.sum(p["w"] * batch) * 1e-3 + p["b"]
+
+    state = trainer.init(params)
+    p = params
+    for _ in range(3):
+        p, state, metrics = jax.jit(trainer.step, static_argnums=3)(p, state, jnp.ones(3), loss_fn)
+    k = get_loss_scaled_state(state).scaler
+    assert int(metrics["reason"]) == 0 and int(k.reason) == 0
+    assert float(k.amax) > 0 and float(k.scale) > 1
+
+
+def test_hand_written_loop_with_optimizer_step():
+    params, g = params_and_grads()
+    tx = optax.sgd(0.1)
+    opt_state, k = tx.init(params), jas.amax_scaler()
+
+    @jax.jit
+    def step(p, opt_state, k):
+        grads, found, k = k.unscale_and_update(scaled(g, k))
+        p, opt_state = optimizer_step(tx, grads, opt_state, p, found)
+        return p, opt_state, k
+
+    params, opt_state, k = step(params, opt_state, k)
+    assert float(k.scale) == 2.0**19 and int(k.reason) == 0
+
+
+def test_axis_name_pmax_and_vmap():
+    _params, g = params_and_grads()
+    k = jas.amax_scaler()
+    many = jax.tree.map(lambda x: jnp.stack([x, 4 * x]), g)  # replica 1 has 4x the amax
+
+    def one(grads):
+        _, found, new = k.unscale_and_update(grads, axis_name="i")
+        return found, new.amax, new.scale
+
+    found, amax, scale = jax.vmap(one, axis_name="i")(many)
+    np.testing.assert_array_equal(amax, np.float32([16e-3, 16e-3]))  # pmax across replicas
+    np.testing.assert_array_equal(scale, [2.0**17, 2.0**17])
+    assert not bool(jnp.any(found))
+    # vmap over a batch of scalers (no axis_name): each its own rule.
+    ks = jax.vmap(lambda s: k.update(jnp.bool_(False), amax=s))(jnp.float32([1e-3, 1.0]))
+    np.testing.assert_array_equal(ks.scale, [2.0**21, 2.0**11])
+
+
+def test_export_round_trip_and_pickle():
+    params, g = params_and_grads()
+    k = jas.amax_scaler(per_leaf=params)
+
+    def step(k, grads):
+        return k.unscale_and_update(grads)
+
+    exp = export.export(jax.jit(step))(k, scaled(g, k))  # the library's own targets allowed
+    back = export.deserialize(exp.serialize())
+    got, want = back.call(k, scaled(g, k)), step(k, scaled(g, k))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    assert got[2].leaf_paths == ("['b']", "['w']") and float(got[2].scale) == 2.0**19
+    again = pickle.loads(pickle.dumps(jax.device_get(want[2])))  # a checkpoint's view
+    assert again.leaf_paths == want[2].leaf_paths and float(again.scale) == 2.0**19
+    leaves, treedef = jax.tree.flatten(want[2])
+    assert jax.tree.unflatten(treedef, leaves).margin == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"margin": -1}, r"margin must be an int in \[0, 24\]"),
+        ({"margin": 2.5}, r"margin must be an int"),
+        ({"init_scale": 3.0}, r"init_scale must be a power of two"),
+        ({"max_scale": 1000.0}, r"max_scale must be a power of two"),
+        ({"init_scale": 2.0**30}, r"init_scale .* must lie within \[min_scale, max_scale\]"),
+        ({"micro_batches": 0}, r"micro_batches must be an int in \[1,"),
+        ({"max_backoffs": 65}, r"max_backoffs must be an int in \[0, 64\]"),
+        ({"compute_dtype": jnp.int8}, r"compute_dtype must be one of float16, bfloat16, float32"),
+        ({"per_leaf": {"i": jnp.zeros(2, jnp.int32)}}, r"per_leaf must be a pytree"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        jas.amax_scaler(**kwargs)
+
+
+def test_public_names():
+    assert {"AmaxScaler", "amax_scaler"} <= set(jas.__all__)
+    assert isinstance(jas.amax_scaler(), jas.Scaler)
