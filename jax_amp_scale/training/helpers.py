@@ -230,12 +230,12 @@ def unscale_check_amax(
     # TODO(native amax): this reads the gradients a second time beside the
     # unscale-and-check pass (XLA fuses it with the reference pass, not with
     # the native one); move the statistic into the native CPU pass.
-    per = [
-        jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), jnp.zeros((), x.dtype)), initial=0)
-        .astype(jnp.float32)
+    finite = [
+        jnp.where(jnp.isfinite(x), jnp.abs(x), jnp.zeros((), x.dtype))
         for x in jax.tree_util.tree_leaves(tree)
         if is_float_leaf(x)
     ]
+    per = [jnp.max(x, initial=0).astype(jnp.float32) for x in finite]
     leaf_amax = jnp.stack(per) if per else jnp.zeros((0,), jnp.float32)
     amax = jnp.max(leaf_amax, initial=0.0)
     if axis_name is not None:  # where the found-inf all-reduce is

@@ -172,6 +172,7 @@ def describe(scaler: Any) -> str:
         f"{f.name}={getattr(scaler, f.name)!r}"
         for f in dataclasses.fields(scaler)
         if f.name not in ("state", "hysteresis_left")
+        and not isinstance(getattr(scaler, f.name), jax.Array)  # AmaxScaler's telemetry
     ]
     st = getattr(scaler, "state", None)
     if isinstance(st, ScaleState):

@@ -544,7 +544,11 @@ def _log2_exact(value: float) -> int:
 
 
 def _int_in(value: Any, name: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not lo <= value <= hi:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or not lo <= int(value) <= hi
+    ):
         raise ValueError(f"{name} must be an int in [{lo}, {hi}], got {value!r}")
     return int(value)
 
