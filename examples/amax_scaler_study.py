@@ -28,7 +28,9 @@ the float16 run's scaled gradient entries that are exactly zero where the
 float32 gradient of the same parameters and batch is not (underflow).
 
 Output in ``--out-dir``: ``amax_study.md`` (the tables), ``amax_traces.json``
-and ``amax_scaler.png`` (scale, amax and loss over steps, seed 0).
+and ``amax_scaler.png`` (scale, amax and loss over steps, seed 0); each run
+is kept in ``runs/`` and reused by a later call (``--rerun amax`` trains
+the amax runs again, after a change to the scaler).
 """
 
 from __future__ import annotations
@@ -310,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--out-dir", type=Path, default=Path("examples/out"))
     p.add_argument("--plot", type=Path, default=None, help="where the PNG goes")
+    p.add_argument(
+        "--rerun", default="", help="kinds to train again although --out-dir/runs has them"
+    )
     args = p.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     kinds = [k for k in args.kinds.split(",") if k]
@@ -324,7 +329,20 @@ def main(argv: list[str] | None = None) -> int:
     }
     stress = [variants[s] for s in args.stress.split(",") if s]
 
+    rerun = {k for k in args.rerun.split(",") if k}
+    cache = args.out_dir / "runs"
+    cache.mkdir(exist_ok=True)
+
     def one(cfg: lm.Config, kind: str, v: Variant) -> Run:
+        path = cache / f"{v.name}_{cfg.seed}_{kind}_{cfg.steps}_{cfg.layers}.npz"
+        if path.exists() and kind not in rerun:
+            z = np.load(path)
+            return Run(*(z[f].item() if z[f].ndim == 0 else z[f] for f in Run._fields))
+        r = compute(cfg, kind, v)
+        np.savez(path, **r._asdict())
+        return r
+
+    def compute(cfg: lm.Config, kind: str, v: Variant) -> Run:
         if kind == "torch":
             r = train_torch(cfg, v, data, held_out, args.sample_every)
         else:

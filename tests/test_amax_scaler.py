@@ -91,24 +91,43 @@ def test_recorded_transformer_traces():
 
 def test_nan_not_from_the_scale_holds_after_max_backoffs():
     k = jas.amax_scaler(init_scale=2.0**10)
-    scales, reasons, k = drive(k, [(True, 0.0)] * 10)  # NaN everywhere, finite amax 0
-    assert scales == [2.0**10, 2.0**9, 2.0**8, 2.0**7, 2.0**6] + [2.0**6] * 6
-    assert reasons == [1] * 4 + [2] * 6
-    assert int(k.run) == 10
-    # The next finite step resets the run; it is the first finite one, so the
-    # rule is unbounded (4094 / 1e-6 = 4.1e9 -> 2**31, clipped to 2**24); after
-    # it, NaN again backs off and growth is x2 at most.
-    scales, reasons, k = drive(k, [(False, 1e-6), (True, 0.0), (False, 1e-6)])
-    assert scales == [2.0**6, 2.0**24, 2.0**23, 2.0**24] and reasons == [0, 1, 0]
+    scales, _, k = drive(k, [(False, 4094 / 2.0**10)])  # one finite step: stays at 2**10
+    assert scales == [2.0**10, 2.0**10]
+    scales, reasons, k = drive(k, [(True, 0.0)] * 20)  # NaN everywhere, finite amax 0
+    # run 0-3 back off (max_backoffs 4); then only run + 1 = 8 and 16.
+    e = [9, 8, 7, 6, 6, 6, 6, 5, 5, 5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 4]
+    assert scales == [2.0**10] + [2.0**x for x in e]
+    assert reasons == [1] * 4 + [2] * 3 + [1] + [2] * 7 + [1] + [2] * 4
+    assert int(k.run) == 20
+    # The next finite step resets the run and grows x2 at most.
+    scales, reasons, k = drive(k, [(False, 1e-6), (False, 1e-6)])
+    assert scales == [2.0**4, 2.0**5, 2.0**6] and reasons == [0, 0]
     assert int(k.run) == 0
+
+
+def test_overflow_before_any_finite_step_falls_to_the_probe_scale():
+    k = jas.amax_scaler(init_scale=2.0**24)
+    steps = [
+        (True, 0.0),  # no finite step yet, scale above 1: straight to 1
+        (True, 0.0),  # at 1: the ordinary rule, run 1 < 4: x 1/2
+        (False, 0.003),  # first finite step at 1/2: unbounded, 4094 / 0.003 -> 2**20
+    ]
+    scales, reasons, _ = drive(k, steps)
+    assert scales == [2.0**24, 1.0, 0.5, 2.0**20]
+    assert reasons == [1, 1, 0]
 
 
 def test_nan_with_large_finite_entries_keeps_backing_off():
     k = jas.amax_scaler(init_scale=2.0**10, max_backoffs=0)
-    # finite amax at or above T (4094): the scale pushed them there; back off.
-    scales, reasons, _ = drive(k, [(True, 8000 / 2.0**10), (True, 0.0)])
-    assert scales == [2.0**10, 2.0**8, 2.0**8]  # k(8000) = -1: x 2**-2; then held
-    assert reasons == [1, 2]
+    steps = [
+        (False, 4094 / 2.0**10),  # finite, stays at 2**10
+        (True, 8000 / 2.0**10),  # finite amax 8000 >= T: the scale's doing; k(8000) = -1: x 2**-2
+        (True, 0.0),  # not explained, but run + 1 = 2 is a power of two: x 1/2
+        (True, 0.0),  # run + 1 = 3: held
+    ]
+    scales, reasons, _ = drive(k, steps)
+    assert scales == [2.0**10, 2.0**10, 2.0**8, 2.0**7, 2.0**7]
+    assert reasons == [0, 1, 1, 2]
 
 
 def test_update_without_amax_never_grows():
@@ -151,7 +170,9 @@ def test_overflow_is_skipped_exactly():
     for a, b in zip(jax.tree.leaves(st.inner_state), jax.tree.leaves(st2.inner_state), strict=True):
         np.testing.assert_array_equal(a, b)
     assert int(st2.skipped_steps) == 1 and int(st2.scaler.reason) == 1
-    assert float(st2.scaler.scale) == 2.0**7
+    assert float(st2.scaler.scale) == 1.0  # no finite step yet: to the probe scale
+    _, st3 = jax.jit(tx.update)(bad, st2, params)
+    assert int(st3.skipped_steps) == 2 and float(st3.scaler.scale) == 0.5
 
 
 def test_accumulate_gradients_and_trainer():
@@ -254,3 +275,23 @@ def test_bad_arguments_name_the_argument(kwargs, match):
 def test_public_names():
     assert {"AmaxScaler", "amax_scaler"} <= set(jas.__all__)
     assert isinstance(jas.amax_scaler(), jas.Scaler)
+
+
+@pytest.mark.slow
+def test_study_script_runs(tmp_path):
+    pytest.importorskip("flax")
+    import importlib
+    import sys
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    sys.path.insert(0, str(examples))
+    try:
+        study = importlib.import_module("amax_scaler_study")
+        args = ["--steps", "4", "--seeds", "0", "--kinds", "float32,dynamic,amax"]
+        args += ["--stress", "spike", "--layers", "1", "--sample-every", "2"]
+        assert study.main([*args, "--out-dir", str(tmp_path)]) == 0
+    finally:
+        sys.path.remove(str(examples))
+    table = (tmp_path / "amax_study.md").read_text()
+    assert "| amax | 0 |" in table and "| spike |" in table
+    assert json.loads((tmp_path / "amax_traces.json").read_text())["default/0/amax"]["amax"]

@@ -351,11 +351,19 @@ class AmaxScaler(_Common):
         grow = jnp.where(self.finite_steps > 0, jnp.minimum(k, _GROWTH_LOG2), k)
         k_fin = grow if measured else jnp.zeros((), jnp.int32)
         # A non-finite step: back off (at least x1/2, more if the finite entries
-        # ask for it) when the finite entries had reached the target line, or
-        # for the first max_backoffs such steps in a row; else hold.
+        # ask for it) when the finite entries had reached the target line, for
+        # the first max_backoffs such steps in a row, and then when the run's
+        # length is a power of two (a NaN the model makes walks the scale down
+        # only logarithmically in its length); else hold.  Before any finite
+        # step nothing is known: from above 1, fall to the probe scale 1 at once.
+        run = self.run
         explained = a >= jnp.float32(self.target)
-        back = explained | (self.run < self.max_backoffs)
-        k_bad = jnp.where(back, jnp.minimum(k, 0) - 1, 0)
+        first = self.finite_steps == 0
+        above = first & (e_s > 0)
+        back = above | explained | (run < self.max_backoffs) | (((run + 1) & run) == 0)
+        k_off = jnp.minimum(k, 0) - 1
+        k_off = jnp.where(first, jnp.minimum(k_off, jnp.where(e_s > 0, -e_s, 0)), k_off)
+        k_bad = jnp.where(back, k_off, 0)
         e_new = jnp.clip(e_s + jnp.where(found, k_bad, k_fin), e_lo, e_hi)
         scale = jnp.ldexp(jnp.float32(1.0), e_new.astype(jnp.int32))
         reason = jnp.where(found, jnp.where(back, _OVERFLOW, _NOT_SCALE), _FINITE)
@@ -588,14 +596,18 @@ def amax_scaler(
     with ``a * 2**k <= T``, +inf for ``a == 0``)::
 
       finite step:      next = s * 2**min(k(a), 1)      (first finite step: s * 2**k(a))
-      non-finite step:  if a >= T or run < max_backoffs:  next = s * 2**(min(k(a), 0) - 1)
-                        else:                              next = s  (not the scale's doing)
+      non-finite step, no finite step yet and s > 1:  next = 1  (the probe scale)
+      non-finite step, a >= T or run < max_backoffs or run + 1 a power of two:
+                        next = s * 2**(min(k(a), 0) - 1)          (reason 1: overflow)
+      other non-finite: next = s        (reason 2: not the scale's doing)
       next = clip(next, min_scale, max_scale)
 
     so decreases take effect at once, increases are at most x2 per step,
     and the scale stays a power of two (unscaling is exact).  ``run`` is
-    the number of non-finite steps in a row before this one.  A non-finite
-    step is skipped as with any scaler (``drop_overflow_update``).
+    the number of non-finite steps in a row before this one: a NaN the
+    model makes walks the scale down by ``max_backoffs + log2(length)``
+    halvings, not to `min_scale`.  A non-finite step is skipped as with any
+    scaler (``drop_overflow_update``).
 
     Args:
       margin: log2 of the headroom kept below ``F`` (default 4, measured on
@@ -611,8 +623,9 @@ def amax_scaler(
         since the amax is read from the average.  An int >= 1.
       max_backoffs: non-finite steps in a row that back off although the
         finite entries stayed below ``T`` (an inf in one place or NaNs
-        that may or may not be the scale's); after them the scale holds, so
-        a NaN the model makes never walks it to `min_scale`.  Int in [0, 64].
+        that may or may not be the scale's); after them only the 8th, 16th,
+        32nd, ... in a row do, so a NaN the model makes does not walk the
+        scale to `min_scale`, and a real overflow is still left.  Int in [0, 64].
       compute_dtype: the dtype the backward pass runs in: ``float16``
         (default), ``bfloat16`` or ``float32``.
       per_leaf: None (default), or a pytree shaped like the gradients (the
