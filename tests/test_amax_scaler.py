@@ -2,7 +2,8 @@
 overflow fallback, NaNs that are not the scale's, and every place a scaler goes.
 
 The oracle is independent of the implementation: the expected scales are
-literals worked out by hand from the documented rule (float16, margin 4:
+literals worked out by hand from the documented rule (float16, margin 4
+(the default is 5):
 target T = 65504 / 16 = 4094; on a finite step the next scale is the
 largest power of two S with g * S <= T, g the unscaled amax, at most twice
 the scale, the first finite step unbounded; clip to [2**-24, 2**24]).
@@ -28,6 +29,11 @@ from jax_amp_scale.optax import (
     loss_scaled,
     optimizer_step,
 )
+
+def m4(**kwargs):
+    """The worked examples use margin 4 (T = 4094), one below the default."""
+    return jas.amax_scaler(4, **kwargs)
+
 
 TRACES = Path(__file__).resolve().parent / "fixtures" / "amax_traces.json"
 
@@ -56,14 +62,14 @@ def test_hand_computed_sequence():
         (True, 0.0),  # all-NaN step, first in... second in a row (run 1 < 4): x 1/2
         (False, 0.01),  # at 2**15 a = 327.68; ideal 2**18, bounded to 2**16
     ]
-    scales, reasons, _ = drive(jas.amax_scaler(), steps)
+    scales, reasons, _ = drive(m4(), steps)
     assert scales == [2.0**e for e in (0, 20, 20, 21, 22, 23, 24, 24, 18, 16, 15, 16)]
     assert reasons == [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0]
 
 
 def test_exact_power_of_two_boundary():
     # a * 2**k <= T is inclusive: g = 4094 / 2**10 fits 2**10 exactly.
-    scales, _, _ = drive(jas.amax_scaler(), [(False, 4094 / 2.0**10), (False, 4094.01 / 2.0**10)])
+    scales, _, _ = drive(m4(), [(False, 4094 / 2.0**10), (False, 4094.01 / 2.0**10)])
     assert scales == [1.0, 2.0**10, 2.0**9]
 
 
@@ -73,7 +79,7 @@ def test_margin_and_micro_batches_move_the_target():
     assert k.target == 65504 / 256
     scales, _, _ = drive(k, [(False, 1.0), (False, 0.25)])
     assert scales == [1.0, 128.0, 256.0]  # 255.875 / 1 -> 2**7; then /0.25 = 1023 -> 2**9, x2
-    bf = jas.amax_scaler(compute_dtype=jnp.bfloat16)
+    bf = m4(compute_dtype=jnp.bfloat16)
     scales, _, _ = drive(bf, [(False, 1e-3), (False, 1e-3)])
     assert scales == [1.0, 2.0**24, 2.0**24]  # max_scale is the bound in practice
 
@@ -85,13 +91,13 @@ def test_recorded_transformer_traces():
     # 0.0041793 = 9.80e5 -> 19 (a decrease at once), 4094 / 0.0036079 =
     # 1.13e6 -> 20 (+1, within the x2 bound).
     g = json.loads(TRACES.read_text())["float32_seed0_first12"]
-    scales, reasons, _ = drive(jas.amax_scaler(), [(False, x) for x in g])
+    scales, reasons, _ = drive(m4(), [(False, x) for x in g])
     assert scales == [2.0**e for e in (0, 20, 19, 19, 19, 19, 19, 19, 19, 20, 20, 20, 20)]
     assert reasons == [0] * 12
 
 
 def test_nan_not_from_the_scale_holds_after_max_backoffs():
-    k = jas.amax_scaler(init_scale=2.0**10)
+    k = m4(init_scale=2.0**10)
     scales, _, k = drive(k, [(False, 4094 / 2.0**10)])  # one finite step: stays at 2**10
     assert scales == [2.0**10, 2.0**10]
     scales, reasons, k = drive(k, [(True, 0.0)] * 20)  # NaN everywhere, finite amax 0
@@ -107,7 +113,7 @@ def test_nan_not_from_the_scale_holds_after_max_backoffs():
 
 
 def test_overflow_before_any_finite_step_falls_to_the_probe_scale():
-    k = jas.amax_scaler(init_scale=2.0**24)
+    k = m4(init_scale=2.0**24)
     steps = [
         (True, 0.0),  # no finite step yet, scale above 1: straight to 1
         (True, 0.0),  # at 1: the ordinary rule, run 1 < 4: x 1/2
@@ -119,7 +125,7 @@ def test_overflow_before_any_finite_step_falls_to_the_probe_scale():
 
 
 def test_nan_with_large_finite_entries_keeps_backing_off():
-    k = jas.amax_scaler(init_scale=2.0**10, max_backoffs=0)
+    k = m4(init_scale=2.0**10, max_backoffs=0)
     steps = [
         (False, 4094 / 2.0**10),  # finite, stays at 2**10
         (True, 8000 / 2.0**10),  # finite amax 8000 >= T: the scale's doing; k(8000) = -1: x 2**-2
@@ -132,7 +138,7 @@ def test_nan_with_large_finite_entries_keeps_backing_off():
 
 
 def test_update_without_amax_never_grows():
-    k = jas.amax_scaler(init_scale=4.0)
+    k = m4(init_scale=4.0)
     k = k.update(jnp.bool_(False))
     assert float(k.scale) == 4.0
     assert float(k.update(jnp.bool_(True)).scale) == 2.0
@@ -150,7 +156,7 @@ def scaled(g, state):
 
 def test_loss_scaled_measures_amax_and_names_leaves():
     params, g = params_and_grads()
-    tx = loss_scaled(optax.sgd(0.1), jas.amax_scaler(per_leaf=params))
+    tx = loss_scaled(optax.sgd(0.1), m4(per_leaf=params))
     st = tx.init(params)
     u, st = jax.jit(tx.update)(scaled(g, st), st, params)
     k = st.scaler
@@ -163,7 +169,7 @@ def test_loss_scaled_measures_amax_and_names_leaves():
 
 def test_overflow_is_skipped_exactly():
     params, _g = params_and_grads()
-    tx = loss_scaled(optax.adam(0.1), jas.amax_scaler(init_scale=2.0**8))
+    tx = loss_scaled(optax.adam(0.1), m4(init_scale=2.0**8))
     st = tx.init(params)
     bad = {"w": jnp.array([jnp.inf, 1.0, 1.0]), "b": jnp.float32(1.0)}
     u, st2 = jax.jit(tx.update)(bad, st, params)
@@ -178,7 +184,7 @@ def test_overflow_is_skipped_exactly():
 
 def test_accumulate_gradients_and_trainer():
     params, g = params_and_grads()
-    tx = accumulate_gradients(loss_scaled(optax.sgd(0.1), jas.amax_scaler(micro_batches=2)), 2)
+    tx = accumulate_gradients(loss_scaled(optax.sgd(0.1), m4(micro_batches=2)), 2)
     st = tx.init(params)
     for _ in range(4):
         inner = get_loss_scaled_state(st)
@@ -187,7 +193,7 @@ def test_accumulate_gradients_and_trainer():
     # T = 65504 / 32 = 2047: at 1 -> 2047 / 4e-3 = 5.1e5 -> 2**18; then 2**18 holds (a = 1048.6)
     assert float(k.scale) == 2.0**18 and int(k.finite_steps) == 2
 
-    trainer = jas.Trainer(optax.sgd(0.1), jas.amax_scaler())
+    trainer = jas.Trainer(optax.sgd(0.1), m4())
 
     def loss_fn(p, batch):
         return jnp.sum(p["w"] * batch) * 1e-3 + p["b"]
@@ -204,7 +210,7 @@ def test_accumulate_gradients_and_trainer():
 def test_hand_written_loop_with_optimizer_step():
     params, g = params_and_grads()
     tx = optax.sgd(0.1)
-    opt_state, k = tx.init(params), jas.amax_scaler()
+    opt_state, k = tx.init(params), m4()
 
     @jax.jit
     def step(p, opt_state, k):
@@ -218,7 +224,7 @@ def test_hand_written_loop_with_optimizer_step():
 
 def test_axis_name_pmax_and_vmap():
     _params, g = params_and_grads()
-    k = jas.amax_scaler()
+    k = m4()
     many = jax.tree.map(lambda x: jnp.stack([x, 4 * x]), g)  # replica 1 has 4x the amax
 
     def one(grads):
@@ -236,7 +242,7 @@ def test_axis_name_pmax_and_vmap():
 
 def test_export_round_trip_and_pickle():
     params, g = params_and_grads()
-    k = jas.amax_scaler(per_leaf=params)
+    k = m4(per_leaf=params)
 
     def step(k, grads):
         return k.unscale_and_update(grads)
@@ -273,9 +279,16 @@ def test_bad_arguments_name_the_argument(kwargs, match):
         jas.amax_scaler(**kwargs)
 
 
+def test_default_margin_is_the_measured_one():
+    k = jas.amax_scaler()
+    assert (k.margin, k.micro_batches, k.max_backoffs) == (5, 1, 4)
+    assert k.target == 65504 / 32 and float(k.scale) == 1.0
+    assert (k.min_scale, k.max_scale, k.compute_dtype) == (2.0**-24, 2.0**24, "float16")
+
+
 def test_public_names():
     assert {"AmaxScaler", "amax_scaler"} <= set(jas.__all__)
-    assert isinstance(jas.amax_scaler(), jas.Scaler)
+    assert isinstance(m4(), jas.Scaler)
 
 
 @pytest.mark.slow

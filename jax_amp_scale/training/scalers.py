@@ -266,7 +266,7 @@ class AmaxScaler(_Common):
     run: jax.Array
     finite_steps: jax.Array
     leaf_amax: jax.Array
-    margin: int = 4
+    margin: int = 5
     micro_batches: int = 1
     min_scale: float = 2.0**-24
     max_scale: float = 2.0**24
@@ -576,7 +576,7 @@ _COMPUTE_DTYPES = ("float16", "bfloat16", "float32")
 
 
 def amax_scaler(
-    margin: int = 4,
+    margin: int = 5,
     *,
     init_scale: float = 1.0,
     min_scale: float = 2.0**-24,
@@ -610,7 +610,7 @@ def amax_scaler(
     scaler (``drop_overflow_update``).
 
     Args:
-      margin: log2 of the headroom kept below ``F`` (default 4, measured on
+      margin: log2 of the headroom kept below ``F`` (default 5, measured on
         the transformer example: docs/guide/amax-scaler.md); an int in [0, 24].
       init_scale: the first step's scale (default 1.0: no gradient that is
         finite unscaled can overflow at 1; the first finite step then jumps
