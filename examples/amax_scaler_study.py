@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             r = train_jax(cfg, kind, v, data, held_out, args.sample_every)
         print(f"  {v.name:>9} seed {cfg.seed} {kind:>8}: skipped {int(r.skipped.sum()):>2}, "
-              f"eval {r.eval_loss:.4f}, underflow {r.underflow:.4f} (first step {r.first_underflow:.4f}), "
+              f"eval {r.eval_loss:.4f}, underflow {r.underflow:.1e} (first step {r.first_underflow:.2f}), "
               f"amax growth log2 {growth(r.amax, r.skipped):.2f}, {r.seconds:.0f} s", flush=True)  # fmt: skip
         return r
 
@@ -386,8 +386,8 @@ def main(argv: list[str] | None = None) -> int:
             f"| {kind} | {', '.join(str(int(r.skipped.sum())) for r in rs)} "
             f"| {', '.join(f'{e:.4f}' for e in ev)} | {gap:+.4f} "
             f"| {spread if 'float32' in kinds else float('nan'):.4f} "
-            f"| {np.mean([r.underflow for r in rs]):.4f} "
-            f"| {np.mean([r.first_underflow for r in rs]):.4f} |"
+            f"| {np.mean([r.underflow for r in rs]):.2e} "
+            f"| {np.mean([r.first_underflow for r in rs]):.2e} |"
         )
     if stress:
         lines += ["", f"Stress variants, seed {seeds[0]}: skipped steps (sampled underflow)", ""]
@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
         for v in stress:
             cells = [f"{int(results[(v.name, seeds[0], k)].skipped.sum())} "
-                     f"({results[(v.name, seeds[0], k)].underflow:.4f})" for k in cols]  # fmt: skip
+                     f"({results[(v.name, seeds[0], k)].underflow:.1e})" for k in cols]  # fmt: skip
             lines.append(f"| {v.name} | " + " | ".join(cells) + " |")
     lines += ["", "Largest step-to-step amax growth (log2) over applied steps:", ""]
     lines += ["| run | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]

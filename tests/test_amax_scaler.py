@@ -30,6 +30,7 @@ from jax_amp_scale.optax import (
     optimizer_step,
 )
 
+
 def m4(**kwargs):
     """The worked examples use margin 4 (T = 4094), one below the default."""
     return jas.amax_scaler(4, **kwargs)
