@@ -310,3 +310,25 @@ def test_study_script_runs(tmp_path):
     table = (tmp_path / "amax_study.md").read_text()
     assert "| amax | 0 |" in table and "| spike |" in table
     assert json.loads((tmp_path / "amax_traces.json").read_text())["default/0/amax"]["amax"]
+
+
+def test_orbax_round_trip_continues(tmp_path):
+    ocp = pytest.importorskip("orbax.checkpoint")
+    params, g = params_and_grads()
+    tx = loss_scaled(optax.adam(0.1), m4(per_leaf=params))
+    st = tx.init(params)
+    step = jax.jit(tx.update)
+    for _ in range(3):
+        _, st = step(scaled(g, st), st, params)
+    ckpt = ocp.StandardCheckpointer()
+    ckpt.save(tmp_path / "ckpt", {"opt": st})
+    ckpt.wait_until_finished()
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"opt": tx.init(params)})
+    back = ckpt.restore(tmp_path / "ckpt", target)["opt"]
+    assert back.scaler.leaf_paths == ("['b']", "['w']")
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(st), strict=True):
+        np.testing.assert_array_equal(a, b)
+    _, want = step(scaled(g, st), st, params)
+    _, got = step(scaled(g, back), back, params)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(a, b)
