@@ -20,10 +20,12 @@ from jax_amp_scale.operators.update_scale import (
 )
 from jax_amp_scale.policy import Policy, get_policy
 from jax_amp_scale.training.scalers import (
+    AmaxScaler,
     DynamicScaler,
     NoOpScaler,
     Scaler,
     StaticScaler,
+    amax_scaler,
     dynamic_scaler,
     no_op_scaler,
     static_scaler,
@@ -40,6 +42,7 @@ from jax_amp_scale.training.scaling import (
 )
 
 __all__ = [
+    "AmaxScaler",
     "DynamicScaler",
     "NoOpScaler",
     "Policy",
@@ -48,6 +51,7 @@ __all__ = [
     "StaticScaler",
     "Trainer",
     "all_finite",
+    "amax_scaler",
     "amp_update_scale",
     "auto_backend",
     "available_backends",

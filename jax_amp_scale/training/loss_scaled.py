@@ -25,7 +25,7 @@ from jax_amp_scale.mechanisms.floats import float32_bits, is_float_leaf
 from jax_amp_scale.mechanisms.handlers import Backend, check_backend
 from jax_amp_scale.operators.host_report import host_report
 from jax_amp_scale.operators.unscale_and_check import all_finite
-from jax_amp_scale.operators.update_scale import ScaleState, check_bool, found_to_bool, or_across
+from jax_amp_scale.operators.update_scale import ScaleState, check_bool, found_to_bool
 from jax_amp_scale.training import replicas, reports, scalers, serialization
 from jax_amp_scale.training.scaling import instances
 
@@ -190,6 +190,7 @@ def describe(scaler: Any) -> str:
         f"{f.name}={getattr(scaler, f.name)!r}"
         for f in dataclasses.fields(scaler)
         if f.name not in ("state", "hysteresis_left")
+        and not isinstance(getattr(scaler, f.name), jax.Array)  # AmaxScaler's telemetry
     ]
     st = getattr(scaler, "state", None)
     if isinstance(st, ScaleState):
@@ -371,9 +372,9 @@ class _Step:
         check_same_scaler(self.scaler, state.scaler)
         axis = self.axis_name
         grads = updates if axis is None else replicas.mean_gradients(updates, axis)
-        grads, found = state.scaler.unscale_and_check(grads, backend=self.pass_backend)
-        found = or_across(found, self.axis_name)
-        new_scaler = state.scaler.update(found, backend=self.backend)
+        grads, found, new_scaler = state.scaler.unscale_and_update(
+            grads, axis_name=axis, backend=self.pass_backend, update_backend=self.backend
+        )
         overflows = jnp.where(found, state.consecutive_overflows + 1, 0).astype(jnp.int32)
         new_updates, new_inner = strongly_typed(
             self.inner.update(grads, state.inner_state, params, **extra_args)

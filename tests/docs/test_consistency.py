@@ -82,9 +82,10 @@ def test_multisteps_inside_works():
 def test_the_native_calls_are_partitioned():
     """Several devices: the native calls carry partitioning rules, so "auto" keeps them."""
     assert FACTS["multi_device"]["partitioned"] is True
-    from jax_amp_scale.lowering import partitioning
+    from jax_amp_scale.operators import unscale_and_check, update_scale
 
-    assert "custom_partitioning" in Path(partitioning.__file__).read_text()
+    for operator in (unscale_and_check, update_scale):
+        assert "@custom_partitioning" in Path(operator.__file__).read_text()
 
 
 # ---- the pages against the facts ------------------------------------------

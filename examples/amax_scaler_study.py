@@ -1,0 +1,421 @@
+"""The amax scaler against dynamic_scaler and torch's GradScaler, on the transformer example.
+
+    python examples/amax_scaler_study.py [--steps 150] [--seeds 0,1,2] [--out-dir examples/out]
+
+Trains ``transformer_lm.py``'s byte-level transformer (its corpus, model,
+batches and float32 evaluation) on the same batches from the same weights in
+four ways:
+
+- ``float32``: everything in float32 (JAX);
+- ``dynamic``: float16 matrix products, ``loss_scaled`` with
+  ``dynamic_scaler(2**15, growth_interval=50)`` (the example's settings);
+- ``torch``: the torch twin (``transformer_lm_torch.py``) under CPU autocast
+  float16 with ``torch.amp.GradScaler`` and the same settings;
+- ``amax``: float16 matrix products, ``loss_scaled`` with ``amax_scaler()``.
+
+for each seed (the seed picks the initial weights and the batch order), and
+then the stress variants, one seed each: ``init2^24`` (every scaler starts
+at 2**24), ``init2^24-mean`` (the same with the plain per-batch mean as the
+loss, ``--global-batch-tokens 2048``: gradients 128 times larger), ``high-lr`` (learning rate 1e-2, no warm-up: the example has
+none), ``accum8`` (8 micro-batches of 4 windows per step,
+``accumulate_gradients``; the amax scaler with ``micro_batches=8``) and
+``spike`` (the loss multiplied by 2**12 at one step, mid-run).
+
+Per run it records the loss, the scale, whether the step was skipped and the
+step's amax (largest |gradient| of the parameters, unscaled, float32): the
+amax traces give the step-to-step growth the margin must cover
+(``amax_traces.json``), and every ``--sample-every`` steps the fraction of
+the float16 run's scaled gradient entries that are exactly zero where the
+float32 gradient of the same parameters and batch is not (underflow).
+
+Output in ``--out-dir``: ``amax_study.md`` (the tables), ``amax_traces.json``
+and ``amax_scaler.png`` (scale, amax and loss over steps, seed 0); each run
+is kept in ``runs/`` and reused by a later call (``--rerun amax`` trains
+the amax runs again, after a change to the scaler).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import transformer_lm as lm
+
+import jax_amp_scale as jas
+from jax_amp_scale.optax import accumulate_gradients, get_loss_scaled_state, loss_scaled
+
+SPIKE = 2.0**12  # the injected loss spike's factor
+
+
+class Variant(NamedTuple):
+    name: str
+    init_scale: float | None = None  # None: each scaler's default for the example
+    learning_rate: float = 2e-3
+    accumulate: int = 1
+    spike_step: int | None = None  # 0-based
+    global_batch_tokens: int | None = None  # None: the example's 2**18
+
+
+class Run(NamedTuple):
+    loss: np.ndarray
+    scale: np.ndarray
+    skipped: np.ndarray  # bool per step
+    amax: np.ndarray  # unscaled float32 amax of the parameters' gradients per step
+    eval_loss: float
+    underflow: float  # mean sampled fraction after the first step (nan for float32)
+    first_underflow: float  # the first step's fraction
+    seconds: float
+
+
+def sampled(i: int, every: int) -> bool:
+    """Whether step i (0-based) is sampled for underflow: the first step, then
+    every `every` steps from every // 2 (reported apart: the first, the rest)."""
+    return bool(every) and (i == 0 or i % every == every // 2)
+
+
+def objective_factor(cfg: lm.Config) -> np.float32:
+    return np.float32(cfg.batch * cfg.context / cfg.global_batch_tokens)
+
+
+def scaler_for(kind: str, v: Variant, cfg: lm.Config) -> Any:
+    if kind == "dynamic":
+        init = cfg.init_scale if v.init_scale is None else v.init_scale
+        return jas.dynamic_scaler(init, growth_interval=cfg.growth_interval)
+    init = 1.0 if v.init_scale is None else v.init_scale
+    return jas.amax_scaler(init_scale=init, micro_batches=v.accumulate)
+
+
+def amax_of(tree: Any) -> jax.Array:
+    return jnp.max(jnp.stack([jnp.max(jnp.abs(g)) for g in jax.tree.leaves(tree)]))
+
+
+def underflow_fraction(g16: Any, g32: Any) -> jax.Array:
+    lost = sum(
+        jnp.sum((a == 0) & (b != 0))
+        for a, b in zip(jax.tree.leaves(g16), jax.tree.leaves(g32), strict=False)
+    )
+    live = sum(jnp.sum(b != 0) for b in jax.tree.leaves(g32))
+    return lost / live
+
+
+def train_jax(cfg: lm.Config, kind: str, v: Variant, data: np.ndarray, held_out: np.ndarray,
+              sample_every: int) -> Run:  # fmt: skip
+    dtype = jnp.float32 if kind == "float32" else jnp.float16
+    graphdef, params = nnx.split(lm.make_model(cfg, dtype), nnx.Param)
+    graph32, _ = nnx.split(lm.make_model(cfg, jnp.float32), nnx.Param)
+    adam = optax.adam(v.learning_rate)
+    tx = adam if kind == "float32" else loss_scaled(adam, scaler_for(kind, v, cfg))
+    if v.accumulate > 1 and kind != "float32":
+        tx = accumulate_gradients(tx, v.accumulate)
+    opt_state = tx.init(params)
+    factor = objective_factor(cfg)
+    k = v.accumulate
+
+    def scale_of(st: Any) -> jax.Array:
+        return jnp.float32(1.0) if kind == "float32" else get_loss_scaled_state(st).scale
+
+    def objective(p: Any, win: jax.Array, mult: jax.Array, gd: Any = graphdef) -> tuple:
+        mean = jnp.mean(lm.token_losses(nnx.merge(gd, p), win))
+        return mean * factor * mult, mean
+
+    @jax.jit
+    def step(p: Any, st: Any, win: jax.Array, spike: jax.Array) -> tuple:
+        scale = scale_of(st)
+        mults = spike * scale
+        total, losses, amax = None, [], jnp.float32(0)
+        for w in jnp.split(win, k):
+            g, mean = jax.grad(objective, has_aux=True)(p, w, mults)
+            losses.append(mean)
+            amax = jnp.maximum(amax, amax_of(g))  # scaled units
+            if kind == "float32" and k > 1:
+                total = g if total is None else jax.tree.map(jnp.add, total, g)
+            else:
+                u, st = tx.update(g, st, p)
+                p = optax.apply_updates(p, u)
+        if kind == "float32" and k > 1:
+            u, st = tx.update(jax.tree.map(lambda t: t / k, total), st, p)
+            p = optax.apply_updates(p, u)
+        return p, st, jnp.mean(jnp.stack(losses)), scale, amax / scale
+
+    @jax.jit
+    def step32(p: Any, st: Any, win: jax.Array, spike: jax.Array) -> tuple:
+        g, mean = jax.grad(objective, has_aux=True)(p, win, spike)
+        u, st = tx.update(g, st, p)
+        return optax.apply_updates(p, u), st, mean, jnp.float32(1), amax_of(g)
+
+    @jax.jit
+    def sample(p: Any, win: jax.Array, scale: jax.Array) -> jax.Array:
+        g16 = jax.grad(lambda q: objective(q, win, scale)[0])(p)
+        g32 = jax.grad(lambda q: objective(q, win, jnp.float32(1), graph32)[0])(p)
+        return underflow_fraction(g16, g32)
+
+    run_step = step32 if (kind == "float32" and k == 1) else step
+    starts = lm.batch_starts(len(data), cfg)
+    out: dict[str, list] = {"loss": [], "scale": [], "amax": [], "skipped": []}
+    fractions = []
+    t0 = time.perf_counter()
+    for i in range(cfg.steps):
+        win = lm.windows(data, starts[i], cfg.context)
+        spike = jnp.float32(SPIKE if i == v.spike_step else 1.0)
+        skipped_before = (
+            None if kind == "float32" else get_loss_scaled_state(opt_state).skipped_steps
+        )
+        if kind != "float32" and sampled(i, sample_every):
+            fractions.append(sample(params, win, scale_of(opt_state)))
+        params, opt_state, loss, scale, amax = run_step(params, opt_state, win, spike)
+        out["loss"].append(loss)
+        out["scale"].append(scale)
+        out["amax"].append(amax)
+        if kind == "float32":
+            out["skipped"].append(jnp.bool_(False))
+        else:
+            out["skipped"].append(get_loss_scaled_state(opt_state).skipped_steps > skipped_before)
+    got = {key: np.asarray(jax.device_get(vals)) for key, vals in out.items()}
+    return Run(
+        got["loss"].astype(np.float32),
+        got["scale"].astype(np.float32),
+        got["skipped"].astype(bool),
+        got["amax"].astype(np.float32),
+        lm.evaluate(cfg, graph32, params, held_out),
+        float(np.mean(jax.device_get(fractions[1:]))) if fractions[1:] else float("nan"),
+        float(jax.device_get(fractions[0])) if fractions else float("nan"),
+        time.perf_counter() - t0,
+    )
+
+
+def train_torch(cfg: lm.Config, v: Variant, data: np.ndarray, held_out: np.ndarray,
+                sample_every: int) -> Run:  # fmt: skip
+    import torch
+    import torch.nn.functional as F
+    import transformer_lm_torch as lmt
+
+    torch.manual_seed(cfg.seed)
+    model = lmt.torch_from_flax(cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=v.learning_rate)
+    init = cfg.init_scale if v.init_scale is None else v.init_scale
+    scaler = torch.amp.GradScaler("cpu", init_scale=init, growth_interval=cfg.growth_interval)
+    factor = float(objective_factor(cfg))
+    starts = lm.batch_starts(len(data), cfg)
+    k = v.accumulate
+    losses, scales, skipped, amaxes, fractions = [], [], [], [], []
+
+    def xent(logits: Any, win: Any) -> Any:
+        return F.cross_entropy(logits.reshape(-1, lm.VOCAB), win[:, 1:].reshape(-1))
+
+    t0 = time.perf_counter()
+    for i in range(cfg.steps):
+        win = torch.from_numpy(lm.windows(data, starts[i], cfg.context)).long()
+        spike = SPIKE if i == v.spike_step else 1.0
+        scale = scaler.get_scale()
+        if sampled(i, sample_every):
+            model.zero_grad(set_to_none=True)
+            xent(model(win[:, :-1]), win).mul(factor).backward()
+            g32 = [p.grad.clone() for p in model.parameters()]
+            model.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.float16):
+                logits = model(win[:, :-1])
+            scaler.scale(xent(logits, win) * factor).backward()
+            lost = sum(
+                int(((p.grad == 0) & (g != 0)).sum())
+                for p, g in zip(model.parameters(), g32, strict=False)
+            )
+            fractions.append(lost / sum(int((g != 0).sum()) for g in g32))
+        opt.zero_grad(set_to_none=True)
+        mean_sum = 0.0
+        for w in torch.chunk(win, k):
+            with torch.autocast("cpu", dtype=torch.float16):
+                logits = model(w[:, :-1])
+            mean = xent(logits, w)
+            mean_sum += mean.item()
+            scaler.scale(mean * factor * spike / k).backward()
+        amax = max(float(p.grad.abs().max()) for p in model.parameters() if p.grad is not None)
+        scaler.step(opt)
+        scaler.update()
+        losses.append(mean_sum / k)
+        scales.append(scale)
+        skipped.append(scaler.get_scale() < scale)
+        amaxes.append(amax / scale)
+    model.eval()
+    ev = held_out
+    win = torch.from_numpy(lm.windows(ev, lm.eval_starts(len(ev), cfg), cfg.context)).long()
+    with torch.no_grad():
+        evals = [float(xent(model(w[:, :-1]), w)) for w in torch.chunk(win, max(1, len(win) // 64))]
+    return Run(
+        np.asarray(losses, np.float32),
+        np.asarray(scales, np.float32),
+        np.asarray(skipped, bool),
+        np.asarray(amaxes, np.float32),
+        float(np.mean(evals)),
+        float(np.mean(fractions[1:])) if fractions[1:] else float("nan"),
+        float(fractions[0]) if fractions else float("nan"),
+        time.perf_counter() - t0,
+    )
+
+
+def growth(amax: np.ndarray, skipped: np.ndarray) -> float:
+    """log2 of the largest step-to-step growth of the (unscaled) amax over applied steps."""
+    a = amax[~skipped & np.isfinite(amax) & (amax > 0)]
+    if len(a) < 2:
+        return float("nan")
+    return float(np.max(np.log2(a[1:] / a[:-1])))
+
+
+def plot(runs: dict[str, Run], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
+    for name, r in runs.items():
+        steps = np.arange(1, len(r.loss) + 1)
+        if name != "float32":
+            axes[0].semilogy(steps, r.scale, label=name)
+            axes[1].semilogy(steps, np.where(r.skipped, np.nan, r.amax * r.scale) / 65504.0,
+                             label=name)  # fmt: skip
+            bad = np.flatnonzero(r.skipped) + 1
+            axes[0].plot(bad, r.scale[bad - 1], "x", color="k")
+        axes[2].plot(steps, r.loss, label=name, lw=1)
+    axes[0].set_ylabel("loss scale (x: skipped)")
+    axes[1].set_ylabel("scaled amax / 65504")
+    axes[1].axhline(2.0**-5, color="grey", ls=":", lw=1)  # the default margin
+    axes[2].set_ylabel("training loss")
+    axes[2].set_xlabel("step")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_title("amax_scaler vs dynamic_scaler vs torch GradScaler (float16, seed 0)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--kinds", default="float32,dynamic,torch,amax")
+    p.add_argument(
+        "--stress", default="init2^24,init2^24-mean,high-lr,accum8,spike", help="'' for none"
+    )
+    p.add_argument("--sample-every", type=int, default=25)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--out-dir", type=Path, default=Path("examples/out"))
+    p.add_argument("--plot", type=Path, default=None, help="where the PNG goes")
+    p.add_argument(
+        "--rerun", default="", help="kinds to train again although --out-dir/runs has them"
+    )
+    args = p.parse_args(argv)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    kinds = [k for k in args.kinds.split(",") if k]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    data, held_out = lm.load_corpus()
+    base = lm.Config(steps=args.steps, layers=args.layers)
+    variants = {
+        "init2^24": Variant("init2^24", init_scale=2.0**24),
+        "high-lr": Variant("high-lr", learning_rate=1e-2),
+        "accum8": Variant("accum8", accumulate=8),
+        "spike": Variant("spike", spike_step=args.steps // 2),
+        # The plain per-batch mean (gradients 128 times the example's): what a
+        # single-device run differentiates; 2**24 is then far above the line.
+        "init2^24-mean": Variant("init2^24-mean", init_scale=2.0**24, global_batch_tokens=2048),
+    }
+    stress = [variants[s] for s in args.stress.split(",") if s]
+
+    rerun = {k for k in args.rerun.split(",") if k}
+    cache = args.out_dir / "runs"
+    cache.mkdir(exist_ok=True)
+
+    def one(cfg: lm.Config, kind: str, v: Variant) -> Run:
+        path = cache / f"{v.name}_{cfg.seed}_{kind}_{cfg.steps}_{cfg.layers}.npz"
+        if path.exists() and kind not in rerun:
+            z = np.load(path)
+            return Run(*(z[f].item() if z[f].ndim == 0 else z[f] for f in Run._fields))
+        r = compute(cfg, kind, v)
+        np.savez(path, **r._asdict())
+        return r
+
+    def compute(cfg: lm.Config, kind: str, v: Variant) -> Run:
+        if kind == "torch":
+            r = train_torch(cfg, v, data, held_out, args.sample_every)
+        else:
+            r = train_jax(cfg, kind, v, data, held_out, args.sample_every)
+        print(f"  {v.name:>9} seed {cfg.seed} {kind:>8}: skipped {int(r.skipped.sum()):>2}, "
+              f"eval {r.eval_loss:.4f}, underflow {r.underflow:.1e} (first step {r.first_underflow:.2f}), "
+              f"amax growth log2 {growth(r.amax, r.skipped):.2f}, {r.seconds:.0f} s", flush=True)  # fmt: skip
+        return r
+
+    results: dict[tuple[str, int, str], Run] = {}
+    for seed in seeds:
+        for kind in kinds:
+            results[("default", seed, kind)] = one(
+                base._replace(seed=seed), kind, Variant("default")
+            )
+    for v in stress:
+        for kind in [k for k in kinds if k != "float32"]:
+            cfg = base._replace(seed=seeds[0])
+            if v.global_batch_tokens is not None:
+                cfg = cfg._replace(global_batch_tokens=v.global_batch_tokens)
+            results[(v.name, seeds[0], kind)] = one(cfg, kind, v)
+
+    lines = [f"Default settings, {args.steps} steps, seeds {seeds}:", ""]
+    lines += ["| scaler | skipped steps per seed | eval loss per seed | mean gap to float32 "
+              "| float32 seed spread | sampled underflow | first step's underflow |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    if "float32" in kinds:
+        ev32 = np.array([results[("default", s, "float32")].eval_loss for s in seeds])
+        spread = float(ev32.max() - ev32.min())
+    for kind in kinds:
+        rs = [results[("default", s, kind)] for s in seeds]
+        ev = np.array([r.eval_loss for r in rs])
+        gap = float(np.mean(ev - ev32)) if "float32" in kinds else float("nan")
+        lines.append(
+            f"| {kind} | {', '.join(str(int(r.skipped.sum())) for r in rs)} "
+            f"| {', '.join(f'{e:.4f}' for e in ev)} | {gap:+.4f} "
+            f"| {spread if 'float32' in kinds else float('nan'):.4f} "
+            f"| {np.mean([r.underflow for r in rs]):.2e} "
+            f"| {np.mean([r.first_underflow for r in rs]):.2e} |"
+        )
+    if stress:
+        lines += ["", f"Stress variants, seed {seeds[0]}: skipped steps (sampled underflow)", ""]
+        cols = [k for k in kinds if k != "float32"]
+        lines += ["| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        for v in stress:
+            cells = [f"{int(results[(v.name, seeds[0], k)].skipped.sum())} "
+                     f"({results[(v.name, seeds[0], k)].underflow:.1e})" for k in cols]  # fmt: skip
+            lines.append(f"| {v.name} | " + " | ".join(cells) + " |")
+    lines += ["", "Largest step-to-step amax growth (log2) over applied steps:", ""]
+    lines += ["| run | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
+    names = sorted({(v, s) for v, s, _ in results}, key=str)
+    for v, s in names:
+        cells = [f"{growth(results[(v, s, k)].amax, results[(v, s, k)].skipped):.2f}"
+                 if (v, s, k) in results else "" for k in kinds]  # fmt: skip
+        lines.append(f"| {v} seed {s} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    (args.out_dir / "amax_study.md").write_text(text)
+    print(text)
+    traces = {f"{v}/{s}/{k}": {"amax": r.amax.tolist(), "scale": r.scale.tolist(),
+                              "skipped": r.skipped.tolist()} for (v, s, k), r in results.items()}  # fmt: skip
+    (args.out_dir / "amax_traces.json").write_text(json.dumps(traces))
+    picture = args.plot or args.out_dir / "amax_scaler.png"
+    seed0 = {k: results[("default", seeds[0], k)] for k in kinds}
+    if plot(seed0, picture):
+        print(f"wrote {picture}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

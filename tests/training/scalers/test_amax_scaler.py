@@ -1,0 +1,347 @@
+"""amax_scaler: the rule pinned by hand-computed scale sequences, the exact
+overflow fallback, NaNs that are not the scale's, and every place a scaler goes.
+
+The oracle is independent of the implementation: the expected scales are
+literals worked out by hand from the documented rule (float16, margin 4
+(the default is 5):
+target T = 65504 / 16 = 4094; on a finite step the next scale is the
+largest power of two S with g * S <= T, g the unscaled amax, at most twice
+the scale, the first finite step unbounded; clip to [2**-24, 2**24]).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jax_amp_scale as jas
+from jax_amp_scale import export
+from jax_amp_scale.optax import (
+    accumulate_gradients,
+    get_loss_scaled_state,
+    loss_scaled,
+    optimizer_step,
+)
+
+
+def m4(**kwargs):
+    """The worked examples use margin 4 (T = 4094), one below the default."""
+    return jas.amax_scaler(4, **kwargs)
+
+
+TRACES = Path(__file__).resolve().parents[2] / "fixtures" / "amax_traces.json"
+
+
+def drive(scaler, steps):
+    """Feeds (found_inf, unscaled amax) per step; returns the scales used and the reasons."""
+    scales, reasons = [float(scaler.scale)], []
+    for found, g in steps:
+        scaler = scaler.update(jnp.bool_(found), amax=jnp.float32(g * float(scaler.scale)))
+        scales.append(float(scaler.scale))
+        reasons.append(int(scaler.reason))
+    return scales, reasons, scaler
+
+
+def test_hand_computed_sequence():
+    steps = [
+        (False, 0.003),  # at 1: 4094 / 0.003 = 1.36e6 -> 2**20 (first step: no bound)
+        (False, 0.003),  # a = 3145.7 <= 4094 < 6291: stays
+        (False, 0.001),  # ideal 2**21 (4.09e6), = 2 * 2**20
+        (False, 0.0001),  # ideal 2**25, bounded to x2: 2**22
+        (False, 0.0001),  # 2**23
+        (False, 0.0001),  # 2**24 = max_scale
+        (False, 0.0001),  # capped
+        (False, 0.01),  # 409400 -> 2**18, a decrease taken at once
+        (True, 5000 / 2.0**18),  # overflow, finite amax 5000 >= T: x 2**(-1 - 1)
+        (True, 0.0),  # all-NaN step, first in... second in a row (run 1 < 4): x 1/2
+        (False, 0.01),  # at 2**15 a = 327.68; ideal 2**18, bounded to 2**16
+    ]
+    scales, reasons, _ = drive(m4(), steps)
+    assert scales == [2.0**e for e in (0, 20, 20, 21, 22, 23, 24, 24, 18, 16, 15, 16)]
+    assert reasons == [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0]
+
+
+def test_exact_power_of_two_boundary():
+    # a * 2**k <= T is inclusive: g = 4094 / 2**10 fits 2**10 exactly.
+    scales, _, _ = drive(m4(), [(False, 4094 / 2.0**10), (False, 4094.01 / 2.0**10)])
+    assert scales == [1.0, 2.0**10, 2.0**9]
+
+
+def test_margin_and_micro_batches_move_the_target():
+    # margin 6 + ceil(log2(3)) = 8: T = 65504 / 256 = 255.875
+    k = jas.amax_scaler(6, micro_batches=3)
+    assert k.target == 65504 / 256
+    scales, _, _ = drive(k, [(False, 1.0), (False, 0.25)])
+    assert scales == [1.0, 128.0, 256.0]  # 255.875 / 1 -> 2**7; then /0.25 = 1023 -> 2**9, x2
+    bf = m4(compute_dtype=jnp.bfloat16)
+    scales, _, _ = drive(bf, [(False, 1e-3), (False, 1e-3)])
+    assert scales == [1.0, 2.0**24, 2.0**24]  # max_scale is the bound in practice
+
+
+def test_recorded_transformer_traces():
+    # Unscaled amax of the transformer example's float32 run (seed 0, first 12
+    # steps), recorded by examples/amax_scaler_study.py.  Worked by hand:
+    # floor(log2(4094 / g)), e.g. 4094 / 0.0037538 = 1.09e6 -> 20, 4094 /
+    # 0.0041793 = 9.80e5 -> 19 (a decrease at once), 4094 / 0.0036079 =
+    # 1.13e6 -> 20 (+1, within the x2 bound).
+    g = json.loads(TRACES.read_text())["float32_seed0_first12"]
+    scales, reasons, _ = drive(m4(), [(False, x) for x in g])
+    assert scales == [2.0**e for e in (0, 20, 19, 19, 19, 19, 19, 19, 19, 20, 20, 20, 20)]
+    assert reasons == [0] * 12
+
+
+def test_nan_not_from_the_scale_holds_after_max_backoffs():
+    k = m4(init_scale=2.0**10)
+    scales, _, k = drive(k, [(False, 4094 / 2.0**10)])  # one finite step: stays at 2**10
+    assert scales == [2.0**10, 2.0**10]
+    scales, reasons, k = drive(k, [(True, 0.0)] * 20)  # NaN everywhere, finite amax 0
+    # run 0-3 back off (max_backoffs 4); then only run + 1 = 8 and 16.
+    e = [9, 8, 7, 6, 6, 6, 6, 5, 5, 5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 4]
+    assert scales == [2.0**10] + [2.0**x for x in e]
+    assert reasons == [1] * 4 + [2] * 3 + [1] + [2] * 7 + [1] + [2] * 4
+    assert int(k.run) == 20
+    # The next finite step resets the run and grows x2 at most.
+    scales, reasons, k = drive(k, [(False, 1e-6), (False, 1e-6)])
+    assert scales == [2.0**4, 2.0**5, 2.0**6] and reasons == [0, 0]
+    assert int(k.run) == 0
+
+
+def test_overflow_before_any_finite_step_falls_to_the_probe_scale():
+    k = m4(init_scale=2.0**24)
+    steps = [
+        (True, 0.0),  # no finite step yet, scale above 1: straight to 1
+        (True, 0.0),  # at 1: the ordinary rule, run 1 < 4: x 1/2
+        (False, 0.003),  # first finite step at 1/2: unbounded, 4094 / 0.003 -> 2**20
+    ]
+    scales, reasons, _ = drive(k, steps)
+    assert scales == [2.0**24, 1.0, 0.5, 2.0**20]
+    assert reasons == [1, 1, 0]
+
+
+def test_nan_with_large_finite_entries_keeps_backing_off():
+    k = m4(init_scale=2.0**10, max_backoffs=0)
+    steps = [
+        (False, 4094 / 2.0**10),  # finite, stays at 2**10
+        (True, 8000 / 2.0**10),  # finite amax 8000 >= T: the scale's doing; k(8000) = -1: x 2**-2
+        (True, 0.0),  # not explained, but run + 1 = 2 is a power of two: x 1/2
+        (True, 0.0),  # run + 1 = 3: held
+    ]
+    scales, reasons, _ = drive(k, steps)
+    assert scales == [2.0**10, 2.0**10, 2.0**8, 2.0**7, 2.0**7]
+    assert reasons == [0, 1, 1, 2]
+
+
+def test_update_without_amax_never_grows():
+    k = m4(init_scale=4.0)
+    k = k.update(jnp.bool_(False))
+    assert float(k.scale) == 4.0
+    assert float(k.update(jnp.bool_(True)).scale) == 2.0
+
+
+def params_and_grads():
+    params = {"w": jnp.array([1.0, -2.0, 3.0]), "b": jnp.zeros((), jnp.float32)}
+    g = {"w": jnp.array([1e-3, -2e-3, 4e-3]), "b": jnp.float32(5e-4)}
+    return params, g
+
+
+def scaled(g, state):
+    return jax.tree.map(lambda x: x * state.scale, g)
+
+
+def test_loss_scaled_measures_amax_and_names_leaves():
+    params, g = params_and_grads()
+    tx = loss_scaled(optax.sgd(0.1), m4(per_leaf=params))
+    st = tx.init(params)
+    u, st = jax.jit(tx.update)(scaled(g, st), st, params)
+    k = st.scaler
+    assert float(k.amax) == np.float32(4e-3)  # at scale 1
+    assert float(k.headroom_used) == pytest.approx(4e-3 / 65504)
+    assert int(k.reason) == 0 and float(k.scale) == 2.0**19  # 4094 / 4e-3 = 1.02e6
+    assert k.leaf_report() == {"['b']": pytest.approx(5e-4), "['w']": pytest.approx(4e-3)}
+    np.testing.assert_allclose(u["w"], -0.1 * g["w"], rtol=1e-6)
+
+
+def test_overflow_is_skipped_exactly():
+    params, _g = params_and_grads()
+    tx = loss_scaled(optax.adam(0.1), m4(init_scale=2.0**8))
+    st = tx.init(params)
+    bad = {"w": jnp.array([jnp.inf, 1.0, 1.0]), "b": jnp.float32(1.0)}
+    u, st2 = jax.jit(tx.update)(bad, st, params)
+    assert all(bool(jnp.all(x == 0)) for x in jax.tree.leaves(u))
+    for a, b in zip(jax.tree.leaves(st.inner_state), jax.tree.leaves(st2.inner_state), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert int(st2.skipped_steps) == 1 and int(st2.scaler.reason) == 1
+    assert float(st2.scaler.scale) == 1.0  # no finite step yet: to the probe scale
+    _, st3 = jax.jit(tx.update)(bad, st2, params)
+    assert int(st3.skipped_steps) == 2 and float(st3.scaler.scale) == 0.5
+
+
+def test_accumulate_gradients_and_trainer():
+    params, g = params_and_grads()
+    tx = accumulate_gradients(loss_scaled(optax.sgd(0.1), m4(micro_batches=2)), 2)
+    st = tx.init(params)
+    for _ in range(4):
+        inner = get_loss_scaled_state(st)
+        _, st = jax.jit(tx.update)(scaled(g, inner), st, params)
+    k = get_loss_scaled_state(st).scaler
+    # T = 65504 / 32 = 2047: at 1 -> 2047 / 4e-3 = 5.1e5 -> 2**18; then 2**18 holds (a = 1048.6)
+    assert float(k.scale) == 2.0**18 and int(k.finite_steps) == 2
+
+    trainer = jas.Trainer(optax.sgd(0.1), m4())
+
+    def loss_fn(p, batch):
+        return jnp.sum(p["w"] * batch) * 1e-3 + p["b"]
+
+    state = trainer.init(params)
+    p = params
+    for _ in range(3):
+        p, state, metrics = jax.jit(trainer.step, static_argnums=3)(p, state, jnp.ones(3), loss_fn)
+    k = get_loss_scaled_state(state).scaler
+    assert int(metrics["reason"]) == 0 and int(k.reason) == 0
+    assert float(k.amax) > 0 and float(k.scale) > 1
+
+
+def test_hand_written_loop_with_optimizer_step():
+    params, g = params_and_grads()
+    tx = optax.sgd(0.1)
+    opt_state, k = tx.init(params), m4()
+
+    @jax.jit
+    def step(p, opt_state, k):
+        grads, found, k = k.unscale_and_update(scaled(g, k))
+        p, opt_state = optimizer_step(tx, grads, opt_state, p, found)
+        return p, opt_state, k
+
+    params, opt_state, k = step(params, opt_state, k)
+    assert float(k.scale) == 2.0**19 and int(k.reason) == 0
+
+
+def test_axis_name_pmax_and_vmap():
+    _params, g = params_and_grads()
+    k = m4()
+    many = jax.tree.map(lambda x: jnp.stack([x, 4 * x]), g)  # replica 1 has 4x the amax
+
+    def one(grads):
+        _, found, new = k.unscale_and_update(grads, axis_name="i")
+        return found, new.amax, new.scale
+
+    found, amax, scale = jax.vmap(one, axis_name="i")(many)
+    np.testing.assert_array_equal(amax, np.float32([16e-3, 16e-3]))  # pmax across replicas
+    np.testing.assert_array_equal(scale, [2.0**17, 2.0**17])
+    assert not bool(jnp.any(found))
+    # vmap over a batch of scalers (no axis_name): each its own rule.
+    ks = jax.vmap(lambda s: k.update(jnp.bool_(False), amax=s))(jnp.float32([1e-3, 1.0]))
+    np.testing.assert_array_equal(ks.scale, [2.0**21, 2.0**11])
+
+
+def test_export_round_trip_and_pickle():
+    params, g = params_and_grads()
+    k = m4(per_leaf=params)
+
+    def step(k, grads):
+        return k.unscale_and_update(grads)
+
+    exp = export.export(jax.jit(step))(k, scaled(g, k))  # the library's own targets allowed
+    back = export.deserialize(exp.serialize())
+    got, want = back.call(k, scaled(g, k)), step(k, scaled(g, k))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    assert got[2].leaf_paths == ("['b']", "['w']") and float(got[2].scale) == 2.0**19
+    again = pickle.loads(pickle.dumps(jax.device_get(want[2])))  # a checkpoint's view
+    assert again.leaf_paths == want[2].leaf_paths and float(again.scale) == 2.0**19
+    leaves, treedef = jax.tree.flatten(want[2])
+    assert jax.tree.unflatten(treedef, leaves).margin == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"margin": -1}, r"margin must be an int in \[0, 24\]"),
+        ({"margin": 2.5}, r"margin must be an int"),
+        ({"init_scale": 3.0}, r"init_scale must be a power of two"),
+        ({"max_scale": 1000.0}, r"max_scale must be a power of two"),
+        ({"init_scale": 2.0**30}, r"init_scale .* must lie within \[min_scale, max_scale\]"),
+        ({"micro_batches": 0}, r"micro_batches must be an int in \[1,"),
+        ({"max_backoffs": 65}, r"max_backoffs must be an int in \[0, 64\]"),
+        ({"compute_dtype": jnp.int8}, r"compute_dtype must be one of float16, bfloat16, float32"),
+        ({"per_leaf": {"i": jnp.zeros(2, jnp.int32)}}, r"per_leaf must be a pytree"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        jas.amax_scaler(**kwargs)
+
+
+def test_default_margin_is_the_measured_one():
+    k = jas.amax_scaler()
+    assert (k.margin, k.micro_batches, k.max_backoffs) == (5, 1, 4)
+    assert k.target == 65504 / 32 and float(k.scale) == 1.0
+    assert (k.min_scale, k.max_scale, k.compute_dtype) == (2.0**-24, 2.0**24, "float16")
+
+
+def test_public_names():
+    assert {"AmaxScaler", "amax_scaler"} <= set(jas.__all__)
+    assert isinstance(m4(), jas.Scaler)
+
+
+@pytest.mark.slow
+def test_study_script_runs(tmp_path):
+    pytest.importorskip("flax")
+    import importlib
+    import sys
+
+    examples = Path(__file__).resolve().parents[3] / "examples"
+    sys.path.insert(0, str(examples))
+    try:
+        study = importlib.import_module("amax_scaler_study")
+        args = ["--steps", "4", "--seeds", "0", "--kinds", "float32,dynamic,amax"]
+        args += ["--stress", "spike", "--layers", "1", "--sample-every", "2"]
+        assert study.main([*args, "--out-dir", str(tmp_path)]) == 0
+    finally:
+        sys.path.remove(str(examples))
+    table = (tmp_path / "amax_study.md").read_text()
+    assert "| amax | 0 |" in table and "| spike |" in table
+    assert json.loads((tmp_path / "amax_traces.json").read_text())["default/0/amax"]["amax"]
+
+
+def test_orbax_round_trip_continues(tmp_path):
+    ocp = pytest.importorskip("orbax.checkpoint")
+    params, g = params_and_grads()
+    tx = loss_scaled(optax.adam(0.1), m4(per_leaf=params))
+    st = tx.init(params)
+    step = jax.jit(tx.update)
+    for _ in range(3):
+        _, st = step(scaled(g, st), st, params)
+    ckpt = ocp.StandardCheckpointer()
+    ckpt.save(tmp_path / "ckpt", {"opt": st})
+    ckpt.wait_until_finished()
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"opt": tx.init(params)})
+    back = ckpt.restore(tmp_path / "ckpt", target)["opt"]
+    assert back.scaler.leaf_paths == ("['b']", "['w']")
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(st), strict=True):
+        np.testing.assert_array_equal(a, b)
+    _, want = step(scaled(g, st), st, params)
+    _, got = step(scaled(g, back), back, params)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_amax_comes_from_the_native_pass_on_cpu():
+    # One read of the gradients: the step calls the pass that measures the
+    # amax, not the plain pass plus a reduction.
+    params = {"w": jnp.ones((8, 4)), "b": jnp.zeros(4)}
+    tx = loss_scaled(optax.adam(1e-3), jas.amax_scaler())
+    state = tx.init(params)
+    text = jax.jit(tx.update).lower(params, state, params).as_text()
+    if "ffi" not in jas.available_backends("cpu"):
+        pytest.skip("the native module is not loaded")
+    assert "jas_unscale_check_amax_v1" in text
+    assert "jas_unscale_and_check_v1" not in text
