@@ -260,10 +260,12 @@ def _partitioned(run: AmaxPass, ranks: tuple[int, ...], n_amax: int) -> Any:
         def local(inv: jax.Array, *leaves: jax.Array) -> tuple[jax.Array, ...]:
             with cc.local_shapes():
                 found, amaxes, outs = run(inv, list(leaves))
-                if axes:  # one scalar all-reduce: the OR over every shard
+                if axes and amaxes:  # one all-reduce: the flag (0 or 1) beside the amaxes
+                    both = jnp.stack([found.astype(jnp.float32), *amaxes])
+                    both = jax.lax.pmax(both, tuple(axes))
+                    found, amaxes = both[0] > 0, list(both[1:])
+                elif axes:  # one scalar all-reduce: the OR over every shard
                     found = jax.lax.pmax(found.astype(jnp.int32), tuple(axes)) > 0
-                    if amaxes:  # and one for the amaxes, the max over every shard
-                        amaxes = list(jax.lax.pmax(jnp.stack(amaxes), tuple(axes)))
             return (found, *amaxes, *outs)
 
         shards = (rep, *leaf_shardings)

@@ -256,7 +256,7 @@ class AmaxScaler(_Common):
     ``reason`` (int32: -1 no step yet, 0 finite, 1 overflow: backed off, 2
     non-finite but not attributed to the scale: skipped, scale held),
     ``run`` (int32, non-finite steps in a row), ``finite_steps`` (int32),
-    ``leaf_amax`` (float32, one per named leaf; shape (0,) unless asked).
+    ``leaf_amax`` (float32, one per named leaf; None unless asked).
     Static: ``margin``, ``micro_batches``, ``min_scale``, ``max_scale``,
     ``max_backoffs``, ``compute_dtype`` (a dtype name), ``leaf_paths``,
     ``drop_overflow_update``.
@@ -268,7 +268,7 @@ class AmaxScaler(_Common):
     reason: jax.Array
     run: jax.Array
     finite_steps: jax.Array
-    leaf_amax: jax.Array
+    leaf_amax: jax.Array | None
     margin: int = 5
     micro_batches: int = 1
     min_scale: float = 2.0**-24
@@ -313,10 +313,12 @@ class AmaxScaler(_Common):
         # the CPU's native pass); under axis_name, one pmax beside the flag's.
         scale = self.state.scale.reshape(())
         grads, found, per_leaf = gradient_pass.unscale_check_amax(grads, scale, backend)
-        found = or_across(found, axis_name)
+        if axis_name is not None:  # one all-reduce: the flag (0 or 1) beside the amaxes
+            both = jax.lax.pmax(
+                jnp.concatenate([found.astype(jnp.float32)[None], per_leaf]), axis_name
+            )
+            found, per_leaf = both[0] > 0, both[1:]
         amax = jnp.max(per_leaf, initial=0.0)
-        if axis_name is not None:
-            amax, per_leaf = jax.lax.pmax((amax, per_leaf), axis_name)
         return grads, found, self.update(found, amax=amax, leaf_amax=per_leaf)
 
     def update(
@@ -340,10 +342,11 @@ class AmaxScaler(_Common):
         a = a.reshape(())
         if axis_name is not None:
             a = jax.lax.pmax(a, axis_name)
-        if leaf_amax is None or not self.leaf_paths:
-            per = jnp.zeros((len(self.leaf_paths),), jnp.float32)
-            if leaf_amax is None and self.leaf_paths:
-                per = self.leaf_amax
+        per: jax.Array | None
+        if not self.leaf_paths:
+            per = None  # not asked for (and no empty array: orbax refuses those)
+        elif leaf_amax is None:
+            per = self.leaf_amax
         else:
             per = jnp.asarray(leaf_amax, jnp.float32)
             if per.shape[-1:] != (len(self.leaf_paths),):
@@ -397,6 +400,8 @@ class AmaxScaler(_Common):
 
     def leaf_report(self) -> dict[str, float]:
         """Host side: ``{keystr path: amax}`` of the last step, per named leaf."""
+        if self.leaf_amax is None:
+            return {}
         values = np.asarray(jax.device_get(self.leaf_amax), np.float64).reshape(-1)
         return dict(zip(self.leaf_paths, values.tolist(), strict=True))
 
@@ -672,7 +677,7 @@ def amax_scaler(
         jnp.full((), _NO_STEP, jnp.int32),
         i32(),
         i32(),
-        jnp.zeros((len(paths),), jnp.float32),
+        jnp.zeros((len(paths),), jnp.float32) if paths else None,
         m,
         k,
         lo,

@@ -4,7 +4,8 @@ Every row is driven the same way: a tiny linear model whose loss is
 ``sum(p * x)``, so the gradient of the scaled loss is exactly ``scale * x``
 (the scales are powers of two), fed a scripted sequence of batches with
 inf/NaN injected at known steps.  The oracle is independent of the library:
-torch's ``_amp_update_scale_`` for the scale (or the fixed scale), the
+torch's ``_amp_update_scale_`` for the scale (or the fixed scale; for
+`amax_scaler` its documented rule, written here over the step's amax), the
 overflow decision computed with NumPy on the scaled gradients, torch's
 ``clip_grad_norm_`` for clipping, and the plain optax step (never given an
 overflowing window) for the parameters.
@@ -20,6 +21,7 @@ import copy
 import dataclasses
 import functools
 import hashlib
+import math
 import pickle
 from collections.abc import Callable
 from functools import partial
@@ -86,7 +88,7 @@ class Row:
     kind: "optax" (a GradientTransformation: the optax columns apply),
     "trainer", "function" (optimizer_step in a hand-written loop) or
     "scaler" (a bare scaler or ScaleState with the operators).
-    rule: "dynamic", "static" or "none" (the oracle's scale).
+    rule: "dynamic", "static", "none" or "amax" (the oracle's scale).
     """
 
     name: str
@@ -105,6 +107,8 @@ class Row:
             return jas.static_scaler(STATIC_SCALE)
         if self.rule == "none":
             return jas.no_op_scaler()
+        if self.rule == "amax":
+            return jas.amax_scaler(micro_batches=self.k)
         return jas.dynamic_scaler(INIT_SCALE, growth_interval=GROWTH_INTERVAL)
 
     def inner(self, inner: optax.GradientTransformation | None = None) -> Any:
@@ -146,6 +150,7 @@ ROWS = [
     Row("loss_scaled(dynamic_scaler())", "optax", "dynamic"),
     Row("loss_scaled(static_scaler(8.0))", "optax", "static"),
     Row("loss_scaled(no_op_scaler())", "optax", "none"),
+    Row("loss_scaled(amax_scaler())", "optax", "amax"),
     Row("loss_scaled(ScaleState)", "optax", "dynamic"),
     Row("accumulate_gradients(loss_scaled(...), 2)", "optax", "dynamic", k=2),
     Row("loss_scaled(chain(clip_grad_norm(1.5), sgd))", "optax", "dynamic", clip=True),
@@ -270,6 +275,45 @@ class Expected:
     skipped: int
 
 
+# amax_scaler's defaults (its docstring and docs/guide/amax-scaler.md).
+AMAX_TARGET = 65504.0 / 2**5  # float16's largest finite / 2**margin
+AMAX_BOUNDS = (2.0**-24, 2.0**24)
+AMAX_MAX_BACKOFFS = 4
+
+
+def _amax_rule(micro_batches: int) -> Callable[[bool, float], float]:
+    """amax_scaler's documented rule, step by step, in Python floats."""
+    target = AMAX_TARGET / 2 ** (micro_batches - 1).bit_length()
+    st = {"scale": 1.0, "run": 0, "finite": 0}
+
+    def room(a: float) -> int:
+        """The largest k with a * 2**k <= target (a power of two moves no bit)."""
+        if a == 0:
+            return 10_000
+        return max(k for k in range(-400, 400) if math.ldexp(a, k) <= target)
+
+    def advance(found: bool, a: float) -> float:
+        s = st["scale"]
+        if not found:
+            k = room(a)
+            nxt = math.ldexp(s, k if st["finite"] == 0 else min(k, 1))
+            st["finite"] += 1
+            st["run"] = 0
+        else:
+            run = st["run"]
+            if st["finite"] == 0 and s > 1:
+                nxt = 1.0
+            elif a >= target or run < AMAX_MAX_BACKOFFS or (run + 1) & run == 0:
+                nxt = math.ldexp(s, min(room(a), 0) - 1)
+            else:
+                nxt = s
+            st["run"] = run + 1
+        st["scale"] = min(max(nxt, AMAX_BOUNDS[0]), AMAX_BOUNDS[1])
+        return st["scale"]
+
+    return advance
+
+
 def _torch_rule(rule: str) -> Callable[[bool], float]:
     """The scale after each step: torch's _amp_update_scale_, or fixed."""
     import torch
@@ -305,7 +349,7 @@ CLIPPED: list[bool] = []  # whether each oracle step clipped (tests check some d
 
 
 def initial_scale(rule: str) -> float:
-    return {"dynamic": INIT_SCALE, "static": STATIC_SCALE, "none": 1.0}[rule]
+    return {"dynamic": INIT_SCALE, "static": STATIC_SCALE, "none": 1.0, "amax": 1.0}[rule]
 
 
 def oracle(
@@ -321,7 +365,8 @@ def oracle(
             CLIPPED.extend(clipped)
             return copy.deepcopy(want)
     first_clip = len(CLIPPED)
-    advance = _torch_rule(row.rule)
+    advance_amax = _amax_rule(row.k) if row.rule == "amax" else None
+    advance = _torch_rule(row.rule) if advance_amax is None else None
     plain = _plain_jit(row.momentum) if inner is None else jax.jit(partial(_plain_step, inner))
     inner = plain_inner(row.momentum) if inner is None else inner
     params = params0(dtype)
@@ -347,7 +392,16 @@ def oracle(
             if row.clip:
                 grads = _torch_clip(grads)
             params, opt = plain(params, opt, grads)
-        scale = advance(found)
+        if advance_amax is not None:
+            # The amax of the step: the largest finite |value| of the averaged
+            # scaled gradients, as the step's pass reads them.
+            with np.errstate(invalid="ignore", over="ignore"):
+                mean = [(v / np.float32(row.k)).astype(np_dtype) for v in total.values()]
+            finite = [np.abs(m[np.isfinite(m)]).astype(np.float64) for m in mean]
+            amax = max((float(f.max()) for f in finite if f.size), default=0.0)
+            scale = advance_amax(found, amax)
+        else:
+            scale = advance(found)
         scales.append(scale)
     want = Expected({k: np.asarray(v) for k, v in params.items()}, scales, skipped)
     if key is not None:
