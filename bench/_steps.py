@@ -17,6 +17,7 @@ Builder = Callable[[LossFn, PyTree, optax.GradientTransformation], tuple[Any, Ca
 INIT_SCALE = 2.0**15
 HANDWRITTEN = "hand-written exact skip (no library)"
 NO_REPORTS = "ours, no host reports (loss_scaled[auto], host_reports=False)"
+AMAX = "ours amax_scaler (loss_scaled[auto])"
 
 
 def plain(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
@@ -31,14 +32,15 @@ def plain(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
     return (params, opt.init(params)), step
 
 
-def ours(backend: str, drop_overflow_update: bool = True, **options: Any) -> Builder:
-    """`jax_amp_scale.optax.loss_scaled` with `backend` and `options`."""
+def ours(backend: str, drop_overflow_update: bool = True, amax=False, **options: Any) -> Builder:
+    """`jax_amp_scale.optax.loss_scaled` with `backend` and `options` (`amax`: amax_scaler)."""
 
     def build(loss_fn: LossFn, params: PyTree, opt: optax.GradientTransformation):
         import jax_amp_scale as jas
         from jax_amp_scale import optax as jas_optax
 
         scaler = jas.dynamic_scaler(INIT_SCALE, drop_overflow_update=drop_overflow_update)
+        scaler = jas.amax_scaler() if amax else scaler
         tx = jas_optax.loss_scaled(opt, scaler, **{"backend": backend, **options})
 
         def step(carry, batch):
@@ -137,6 +139,7 @@ def candidates(backends: tuple[str, ...]) -> dict[str, Builder]:
     out |= {f"ours loss_scaled[{b}]": ours(b) for b in backends}
     # The host reports' cost where they are a callback in a conditional (off the CPU).
     out[NO_REPORTS] = ours("auto", host_reports=False)
+    out[AMAX] = ours("auto", amax=True)
     peers = {"jmp DynamicLossScale": jmp_dynamic, "flax DynamicScale": flax_dynamic}
     return out | {HANDWRITTEN: handwritten_skip, **peers, "optax apply_if_finite": optax_if_finite}
 
