@@ -246,7 +246,7 @@ class AmaxScaler(_Common):
 
     Build one with `amax_scaler` (the rule, in full, is in its docstring and
     in docs/guide/amax-scaler.md).  ``unscale_and_update`` unscales and checks
-    the gradients and measures ``amax``, the largest |gradient| among the
+    the gradients and measures ``amax``, the largest absolute gradient among the
     finite entries in scaled units, in the same function; ``update(found_inf,
     amax=...)`` applies the rule.
 
@@ -296,7 +296,7 @@ class AmaxScaler(_Common):
 
     @property
     def target(self) -> float:
-        """The amax the rule aims below: ``largest / 2**(margin + ceil(log2(micro_batches)))``."""
+        """The line the amax is kept under, ``largest / 2**(margin + ceil(log2(micro_batches)))``."""
         return self.largest / 2.0 ** (self.margin + _ceil_log2(self.micro_batches))
 
     def unscale_and_update(
@@ -604,7 +604,7 @@ def amax_scaler(
 
     The rule (``F``: the largest finite value of `compute_dtype`, 65504 for
     float16; ``M = margin + ceil(log2(micro_batches))``; ``T = F / 2**M``;
-    ``a``: the step's amax, the largest |gradient| among the finite entries,
+    ``a``: the step's amax, the largest absolute gradient among the finite entries,
     in scaled units, measured at scale ``s``; ``k(a)``: the largest integer
     with ``a * 2**k <= T``, +inf for ``a == 0``)::
 
