@@ -4,6 +4,7 @@ would; each test here failed before its fix."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -54,6 +55,11 @@ def test_the_zero_scale_warning_waits_for_a_zero_scale():
     step, scale = _overflow_until_warned(170)
     assert step == 166
     assert scale == 0.0
+
+
+def test_troubleshooting_gives_the_exact_count():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md").read_text()
+    assert "exactly 166 halvings" in page and "about 150" not in page
 
 
 def test_no_zero_scale_warning_at_a_subnormal_scale():
