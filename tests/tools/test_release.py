@@ -63,7 +63,10 @@ def test_classifiers_name_the_pythons_the_wheels_are_built_for():
         if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
     )
     assert named == sorted(pythons, key=lambda v: tuple(map(int, v.split("."))))
-    assert PROJECT["requires-python"] == f">={pythons[0]}"
+    # The range the build can honour: the built Pythons, and no later one
+    # (jaxlib 0.6.0, the oldest supported, has no wheel past them).
+    last = pythons[-1].split(".")
+    assert PROJECT["requires-python"] == f">={pythons[0]},<{last[0]}.{int(last[1]) + 1}"
     assert "Operating System :: POSIX :: Linux" in PROJECT["classifiers"]
     assert any(c.startswith("Development Status ::") for c in PROJECT["classifiers"])
     # SPDX expression (PEP 639), not the legacy table; no license classifier beside it.
