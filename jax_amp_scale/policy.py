@@ -17,13 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_amp_scale.mechanisms.floats import is_float_leaf
+from jax_amp_scale.operators.unscale_and_check import PyTree
 from jax_amp_scale.operators.update_scale import check_dtype
 from jax_amp_scale.training import scalers
 from jax_amp_scale.training.scaling import key_name
 
 __all__ = ["LEVELS", "Policy", "get_policy", "scaler_for"]
 
-PyTree = Any
 KeepRule = str | Callable[[str, Any], bool]
 
 # Whole path components naming norm layers: flax (BatchNorm_0, LayerNorm_1,

@@ -9,12 +9,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jax_amp_scale.operators.unscale_and_check import PyTree
 from jax_amp_scale.operators.update_scale import check_bool
 from jax_amp_scale.policy import Policy
 from jax_amp_scale.training import replicas, scaling
 from jax_amp_scale.training.scaling import instances
-
-PyTree = Any
 
 
 class Trainer:

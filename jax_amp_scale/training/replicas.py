@@ -15,9 +15,8 @@ from typing import Any
 import jax
 
 from jax_amp_scale.mechanisms.custom_call import varying_axes
+from jax_amp_scale.operators.unscale_and_check import PyTree
 from jax_amp_scale.operators.update_scale import or_across
-
-PyTree = Any
 
 __all__ = ["mean_gradients", "or_across"]
 

@@ -23,6 +23,7 @@ import numpy as np
 from jax_amp_scale.mechanisms.floats import is_float_leaf
 from jax_amp_scale.mechanisms.handlers import Backend
 from jax_amp_scale.operators import unscale_and_check as gradient_pass
+from jax_amp_scale.operators.unscale_and_check import PyTree
 from jax_amp_scale.operators.update_scale import (
     DEFAULT_BACKOFF_FACTOR,
     DEFAULT_GROWTH_FACTOR,
@@ -42,7 +43,6 @@ from jax_amp_scale.operators.update_scale import (
 )
 from jax_amp_scale.training import scaling, serialization
 
-PyTree = Any
 _Fixed = TypeVar("_Fixed", bound="_Common")  # typing.Self is 3.11+
 
 ADJUST_ERROR = (
