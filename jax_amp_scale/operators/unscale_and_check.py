@@ -324,31 +324,6 @@ def _plain(run: AmaxPass) -> Pass:
     return without
 
 
-def unscale_and_check_native(
-    inv: jax.Array,
-    leaves: list[jax.Array],
-    *,
-    target: str,
-    native_on: Iterable[str],
-    reference: Pass,
-    strict: bool,
-    cann_platforms: Iterable[str] = (),
-) -> tuple[jax.Array, list[jax.Array]]:
-    """``(found_inf, unscaled_leaves)`` through the native pass on `native_on`;
-    see `native_pass`."""
-    found, _, outs = native_pass(
-        inv,
-        leaves,
-        target=target,
-        native_on=native_on,
-        reference=_with_amax(reference),
-        strict=strict,
-        cann_platforms=cann_platforms,
-        amax=False,
-    )
-    return found, outs
-
-
 def native_pass(
     inv: jax.Array,
     leaves: list[jax.Array],
