@@ -557,9 +557,7 @@ def exact_on_cann(factor: float) -> bool:
     return k is not None and -126 <= k <= 127
 
 
-def cann_serves(
-    rule: str, growth_factor: float, backoff_factor: float, growth_interval: int = 1
-) -> bool:
+def cann_serves(rule: str, growth_factor: float, backoff_factor: float) -> bool:
     """Whether aclnnAmpUpdateScale (plus the guard) gives `rule`'s bits."""
     return rule == "cann" or (exact_on_cann(growth_factor) and exact_on_cann(backoff_factor))
 
@@ -630,7 +628,9 @@ def update_scale_checked(
         handlers.UPDATE_SCALE,
         backend,
         partitions=cc.partitions([scale, tracker, found]),
-        not_auto=frozenset() if cann_serves(**attrs) else handlers.CANN_PLATFORMS,
+        not_auto=frozenset()
+        if cann_serves(attrs["rule"], attrs["growth_factor"], attrs["backoff_factor"])
+        else handlers.CANN_PLATFORMS,
     )
     if plan.mode == "reference":
         return update_scale_reference(scale, tracker, found, **attrs)
