@@ -65,6 +65,7 @@ class Variant(NamedTuple):
     accumulate: int = 1
     spike_step: int | None = None  # 0-based
     global_batch_tokens: int | None = None  # None: the example's 2**18
+    steps: int | None = None  # None: --steps
 
 
 class Run(NamedTuple):
@@ -76,6 +77,12 @@ class Run(NamedTuple):
     underflow: float  # mean sampled fraction after the first step (nan for float32)
     first_underflow: float  # the first step's fraction
     seconds: float
+    # float32 runs only, per sampled step: how many nonzero gradient entries
+    # have |g| <= 2**e for e in TINY_EXPONENTS, and (last column) how many are nonzero.
+    tiny: np.ndarray
+
+
+TINY_EXPONENTS = np.arange(-64, 1)
 
 
 def sampled(i: int, every: int) -> bool:
@@ -98,6 +105,31 @@ def scaler_for(kind: str, v: Variant, cfg: lm.Config) -> Any:
 
 def amax_of(tree: Any) -> jax.Array:
     return jnp.max(jnp.stack([jnp.max(jnp.abs(g)) for g in jax.tree.leaves(tree)]))
+
+
+def tiny_counts(g32: Any) -> jax.Array:
+    """int (len(TINY_EXPONENTS) + 1,): entries with |g| <= 2**e, then all of them.
+
+    Only entries above 2**-24 times their leaf's largest count: below that a
+    float32 gradient is rounding residue of a sum that is zero in exact
+    arithmetic (the attention key bias's, for one: softmax ignores it)."""
+    mags = []
+    for g in jax.tree.leaves(g32):
+        m = jnp.abs(g).reshape(-1)
+        mags.append(jnp.where(m > jnp.max(m) * jnp.float32(2.0**-24), m, 0.0))
+    flat = jnp.concatenate(mags)
+    live = flat != 0
+    bounds = jnp.ldexp(jnp.float32(1.0), jnp.asarray(TINY_EXPONENTS, jnp.int32))
+    below = jnp.sum(live[None, :] & (flat[None, :] <= bounds[:, None]), axis=1)
+    return jnp.concatenate([below, jnp.sum(live)[None]])
+
+
+def scale_underflow(tiny: np.ndarray, scale: float) -> float:
+    """The fraction of nonzero float32 entries that `scale` puts at or below
+    2**-25, where float16 rounds them to 0 (`tiny`: one row of tiny_counts)."""
+    e = int(np.floor(np.log2(scale)))  # the scalers' scales are powers of two
+    idx = int(np.clip(-25 - e - TINY_EXPONENTS[0], 0, len(TINY_EXPONENTS) - 1))
+    return float(tiny[idx] / tiny[-1])
 
 
 def underflow_fraction(g16: Any, g32: Any) -> jax.Array:
@@ -155,6 +187,10 @@ def train_jax(cfg: lm.Config, kind: str, v: Variant, data: np.ndarray, held_out:
         return optax.apply_updates(p, u), st, mean, jnp.float32(1), amax_of(g)
 
     @jax.jit
+    def sample32(p: Any, win: jax.Array) -> jax.Array:
+        return tiny_counts(jax.grad(lambda q: objective(q, win, jnp.float32(1), graph32)[0])(p))
+
+    @jax.jit
     def sample(p: Any, win: jax.Array, scale: jax.Array) -> jax.Array:
         g16 = jax.grad(lambda q: objective(q, win, scale)[0])(p)
         g32 = jax.grad(lambda q: objective(q, win, jnp.float32(1), graph32)[0])(p)
@@ -163,7 +199,7 @@ def train_jax(cfg: lm.Config, kind: str, v: Variant, data: np.ndarray, held_out:
     run_step = step32 if (kind == "float32" and k == 1) else step
     starts = lm.batch_starts(len(data), cfg)
     out: dict[str, list] = {"loss": [], "scale": [], "amax": [], "skipped": []}
-    fractions = []
+    fractions, tiny = [], []
     t0 = time.perf_counter()
     for i in range(cfg.steps):
         win = lm.windows(data, starts[i], cfg.context)
@@ -173,6 +209,8 @@ def train_jax(cfg: lm.Config, kind: str, v: Variant, data: np.ndarray, held_out:
         )
         if kind != "float32" and sampled(i, sample_every):
             fractions.append(sample(params, win, scale_of(opt_state)))
+        if kind == "float32" and sampled(i, sample_every):
+            tiny.append(sample32(params, win))
         params, opt_state, loss, scale, amax = run_step(params, opt_state, win, spike)
         out["loss"].append(loss)
         out["scale"].append(scale)
@@ -191,6 +229,7 @@ def train_jax(cfg: lm.Config, kind: str, v: Variant, data: np.ndarray, held_out:
         float(np.mean(jax.device_get(fractions[1:]))) if fractions[1:] else float("nan"),
         float(jax.device_get(fractions[0])) if fractions else float("nan"),
         time.perf_counter() - t0,
+        np.asarray(jax.device_get(tiny), np.int64).reshape(len(tiny), len(TINY_EXPONENTS) + 1),
     )
 
 
@@ -260,18 +299,23 @@ def train_torch(cfg: lm.Config, v: Variant, data: np.ndarray, held_out: np.ndarr
         float(np.mean(fractions[1:])) if fractions[1:] else float("nan"),
         float(fractions[0]) if fractions else float("nan"),
         time.perf_counter() - t0,
+        np.zeros((0, len(TINY_EXPONENTS) + 1), np.int64),
     )
 
 
-def growth(amax: np.ndarray, skipped: np.ndarray) -> float:
-    """log2 of the largest step-to-step growth of the (unscaled) amax over applied steps."""
-    a = amax[~skipped & np.isfinite(amax) & (amax > 0)]
+def growth(amax: np.ndarray, skipped: np.ndarray, spike_step: int | None = None) -> float:
+    """log2 of the largest step-to-step growth of the (unscaled) amax over applied
+    steps, the injected spike's step left out (float32 applies it)."""
+    keep = ~skipped & np.isfinite(amax) & (amax > 0)
+    if spike_step is not None and spike_step < len(keep):
+        keep[spike_step] = False
+    a = amax[keep]
     if len(a) < 2:
         return float("nan")
     return float(np.max(np.log2(a[1:] / a[:-1])))
 
 
-def plot(runs: dict[str, Run], path: Path) -> bool:
+def plot(runs: dict[str, Run], path: Path, title: str) -> bool:
     try:
         import matplotlib
 
@@ -297,7 +341,7 @@ def plot(runs: dict[str, Run], path: Path) -> bool:
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    axes[0].set_title("amax_scaler vs dynamic_scaler vs torch GradScaler (float16, seed 0)")
+    axes[0].set_title(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -309,9 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--kinds", default="float32,dynamic,torch,amax")
-    p.add_argument(
-        "--stress", default="init2^24,init2^24-mean,high-lr,accum8,spike", help="'' for none"
-    )
+    p.add_argument("--stress", default=",".join(STRESS), help="'' for none")
     p.add_argument("--sample-every", type=int, default=25)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--out-dir", type=Path, default=Path("examples/out"))
@@ -325,15 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",") if s]
     data, held_out = lm.load_corpus()
     base = lm.Config(steps=args.steps, layers=args.layers)
-    variants = {
-        "init2^24": Variant("init2^24", init_scale=2.0**24),
-        "high-lr": Variant("high-lr", learning_rate=1e-2),
-        "accum8": Variant("accum8", accumulate=8),
-        "spike": Variant("spike", spike_step=args.steps // 2),
-        # The plain per-batch mean (gradients 128 times the example's): what a
-        # single-device run differentiates; 2**24 is then far above the line.
-        "init2^24-mean": Variant("init2^24-mean", init_scale=2.0**24, global_batch_tokens=2048),
-    }
+    variants = {v.name: v for v in stress_variants(args.steps)}
     stress = [variants[s] for s in args.stress.split(",") if s]
 
     rerun = {k for k in args.rerun.split(",") if k}
@@ -344,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         path = cache / f"{v.name}_{cfg.seed}_{kind}_{cfg.steps}_{cfg.layers}.npz"
         if path.exists() and kind not in rerun:
             z = np.load(path)
-            return Run(*(z[f].item() if z[f].ndim == 0 else z[f] for f in Run._fields))
+            if set(Run._fields) <= set(z.files):  # else written by an older study: train again
+                return Run(*(z[f].item() if z[f].ndim == 0 else z[f] for f in Run._fields))
         r = compute(cfg, kind, v)
         np.savez(path, **r._asdict())
         return r
@@ -354,9 +389,9 @@ def main(argv: list[str] | None = None) -> int:
             r = train_torch(cfg, v, data, held_out, args.sample_every)
         else:
             r = train_jax(cfg, kind, v, data, held_out, args.sample_every)
-        print(f"  {v.name:>9} seed {cfg.seed} {kind:>8}: skipped {int(r.skipped.sum()):>2}, "
+        print(f"  {v.name:>12} seed {cfg.seed} {kind:>8}: skipped {int(r.skipped.sum()):>2}, "
               f"eval {r.eval_loss:.4f}, underflow {r.underflow:.1e} (first step {r.first_underflow:.2f}), "
-              f"amax growth log2 {growth(r.amax, r.skipped):.2f}, {r.seconds:.0f} s", flush=True)  # fmt: skip
+              f"amax growth log2 {growth(r.amax, r.skipped, v.spike_step):.2f}, {r.seconds:.0f} s", flush=True)  # fmt: skip
         return r
 
     results: dict[tuple[str, int, str], Run] = {}
@@ -366,45 +401,13 @@ def main(argv: list[str] | None = None) -> int:
                 base._replace(seed=seed), kind, Variant("default")
             )
     for v in stress:
-        for kind in [k for k in kinds if k != "float32"]:
-            cfg = base._replace(seed=seeds[0])
-            if v.global_batch_tokens is not None:
-                cfg = cfg._replace(global_batch_tokens=v.global_batch_tokens)
+        cfg = base._replace(seed=seeds[0], steps=v.steps or args.steps)
+        if v.global_batch_tokens is not None:
+            cfg = cfg._replace(global_batch_tokens=v.global_batch_tokens)
+        for kind in kinds:
             results[(v.name, seeds[0], kind)] = one(cfg, kind, v)
 
-    lines = [f"Default settings, {args.steps} steps, seeds {seeds}:", ""]
-    lines += ["| scaler | skipped steps per seed | eval loss per seed | mean gap to float32 "
-              "| float32 seed spread | sampled underflow | first step's underflow |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-    if "float32" in kinds:
-        ev32 = np.array([results[("default", s, "float32")].eval_loss for s in seeds])
-        spread = float(ev32.max() - ev32.min())
-    for kind in kinds:
-        rs = [results[("default", s, kind)] for s in seeds]
-        ev = np.array([r.eval_loss for r in rs])
-        gap = float(np.mean(ev - ev32)) if "float32" in kinds else float("nan")
-        lines.append(
-            f"| {kind} | {', '.join(str(int(r.skipped.sum())) for r in rs)} "
-            f"| {', '.join(f'{e:.4f}' for e in ev)} | {gap:+.4f} "
-            f"| {spread if 'float32' in kinds else float('nan'):.4f} "
-            f"| {np.mean([r.underflow for r in rs]):.2e} "
-            f"| {np.mean([r.first_underflow for r in rs]):.2e} |"
-        )
-    if stress:
-        lines += ["", f"Stress variants, seed {seeds[0]}: skipped steps (sampled underflow)", ""]
-        cols = [k for k in kinds if k != "float32"]
-        lines += ["| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-        for v in stress:
-            cells = [f"{int(results[(v.name, seeds[0], k)].skipped.sum())} "
-                     f"({results[(v.name, seeds[0], k)].underflow:.1e})" for k in cols]  # fmt: skip
-            lines.append(f"| {v.name} | " + " | ".join(cells) + " |")
-    lines += ["", "Largest step-to-step amax growth (log2) over applied steps:", ""]
-    lines += ["| run | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
-    names = sorted({(v, s) for v, s, _ in results}, key=str)
-    for v, s in names:
-        cells = [f"{growth(results[(v, s, k)].amax, results[(v, s, k)].skipped):.2f}"
-                 if (v, s, k) in results else "" for k in kinds]  # fmt: skip
-        lines.append(f"| {v} seed {s} | " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n"
+    text = report(results, kinds, seeds, stress, args.steps, args.sample_every)
     (args.out_dir / "amax_study.md").write_text(text)
     print(text)
     traces = {f"{v}/{s}/{k}": {"amax": r.amax.tolist(), "scale": r.scale.tolist(),
@@ -412,9 +415,105 @@ def main(argv: list[str] | None = None) -> int:
     (args.out_dir / "amax_traces.json").write_text(json.dumps(traces))
     picture = args.plot or args.out_dir / "amax_scaler.png"
     seed0 = {k: results[("default", seeds[0], k)] for k in kinds}
-    if plot(seed0, picture):
+    if plot(seed0, picture, f"default settings, seed {seeds[0]}"):
         print(f"wrote {picture}")
+    for v in stress:
+        if v.name == PICTURED_STRESS:
+            runs = {k: results[(v.name, seeds[0], k)] for k in kinds}
+            where = picture.with_name(picture.stem + "_" + v.name + picture.suffix)
+            if plot(runs, where, f"{v.name}, seed {seeds[0]}"):
+                print(f"wrote {where}")
     return 0
+
+
+# The plain per-batch mean (F.cross_entropy's default, what a single-device
+# loop differentiates) has gradients 128 times the example's, which divides
+# by a 2**18-token global batch: there the reactive scalers meet the overflow
+# line within a few hundred steps.
+MEAN_TOKENS = 2048
+PICTURED_STRESS = "accum8-mean"  # drawn in a second picture
+
+
+def stress_variants(steps: int) -> list[Variant]:
+    mean = {"global_batch_tokens": MEAN_TOKENS, "steps": 2 * steps}
+    return [
+        Variant("init2^24", init_scale=2.0**24),
+        Variant("high-lr", learning_rate=1e-2),
+        Variant("accum8", accumulate=8),
+        Variant("spike", spike_step=steps // 2),
+        Variant("init2^24-mean", init_scale=2.0**24, **mean),
+        Variant("high-lr-mean", learning_rate=1e-2, **mean),
+        Variant("accum8-mean", accumulate=8, **mean),
+        Variant("spike-mean", spike_step=steps, **mean),
+    ]
+
+
+STRESS = [v.name for v in stress_variants(1)]
+
+
+def underflows(results: dict[tuple[str, int, str], Run], key: tuple[str, int], kind: str,
+               sample_every: int) -> tuple[float, float]:  # fmt: skip
+    """The scale's own underflow for `kind`'s run: float32's gradients at the
+    sampled steps, at the scales the run had there (after the first step, and
+    the first step); nan without a float32 run."""
+    ref = results.get((*key, "float32"))
+    run = results[(*key, kind)]
+    if ref is None or not len(ref.tiny):
+        return float("nan"), float("nan")
+    steps = [i for i in range(len(run.scale)) if sampled(i, sample_every)]
+    f = [scale_underflow(ref.tiny[j], float(run.scale[i])) for j, i in enumerate(steps)]
+    return (float(np.mean(f[1:])) if f[1:] else float("nan")), f[0]
+
+
+def report(results: dict[tuple[str, int, str], Run], kinds: list[str], seeds: list[int],
+           stress: list[Variant], steps: int, sample_every: int) -> str:  # fmt: skip
+    f16 = [k for k in kinds if k != "float32"]
+    lines = [f"Default settings, {steps} steps, seeds {seeds}:", ""]
+    lines += ["| scaler | skipped steps per seed | eval loss per seed | mean gap to float32 "
+              "| float32 seed spread |", "|---|---|---|---|---|"]  # fmt: skip
+    ev32 = spread = None
+    if "float32" in kinds:
+        ev32 = np.array([results[("default", s, "float32")].eval_loss for s in seeds])
+        spread = float(ev32.max() - ev32.min())
+    for kind in kinds:
+        rs = [results[("default", s, kind)] for s in seeds]
+        ev = np.array([r.eval_loss for r in rs])
+        gap = float(np.mean(ev - ev32)) if ev32 is not None else float("nan")
+        lines.append(
+            f"| {kind} | {', '.join(str(int(r.skipped.sum())) for r in rs)} "
+            f"| {', '.join(f'{e:.4f}' for e in ev)} | {gap:+.4f} "
+            f"| {spread if spread is not None else float('nan'):.4f} |"
+        )
+    if stress:
+        lines += ["", f"Stress variants, seed {seeds[0]}: skipped steps (eval loss)", ""]
+        lines += [
+            "| variant | steps | " + " | ".join(kinds) + " |",
+            "|---" * (len(kinds) + 2) + "|",
+        ]
+        for v in stress:
+            rs = {k: results[(v.name, seeds[0], k)] for k in kinds}
+            cells = [f"{int(r.skipped.sum())} ({r.eval_loss:.4f})" for r in rs.values()]
+            lines.append(f"| {v.name} | {len(rs[kinds[0]].scale)} | " + " | ".join(cells) + " |")
+    runs = sorted({(v, s) for v, s, _ in results}, key=lambda vs: (vs[0] != "default", vs))
+    lines += ["", "Underflow, mean over the sampled steps after the first (the first step):",
+              "in the run (its float16 gradient is 0 where float32's, same parameters and batch, is not)"
+              " / the scale's (float32's gradient at the run's scale is at most 2**-25):", ""]  # fmt: skip
+    lines += ["| run | " + " | ".join(f16) + " |", "|---" * (len(f16) + 1) + "|"]
+    for v, s in runs:
+        cells = []
+        for k in f16:
+            r = results[(v, s, k)]
+            own, own1 = underflows(results, (v, s), k, sample_every)
+            cells.append(f"{r.underflow:.1e} ({r.first_underflow:.1e}) / {own:.1e} ({own1:.1e})")
+        lines.append(f"| {v} seed {s} | " + " | ".join(cells) + " |")
+    spikes = {v.name: v.spike_step for v in stress}
+    lines += ["", "Largest step-to-step amax growth (log2) over applied steps:", ""]
+    lines += ["| run | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
+    for v, s in runs:
+        cells = [f"{growth(results[(v, s, k)].amax, results[(v, s, k)].skipped, spikes.get(v)):.2f}"
+                 for k in kinds]  # fmt: skip
+        lines.append(f"| {v} seed {s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

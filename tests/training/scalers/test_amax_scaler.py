@@ -345,3 +345,28 @@ def test_the_amax_comes_from_the_native_pass_on_cpu():
         pytest.skip("the native module is not loaded")
     assert "jas_unscale_check_amax_v1" in text
     assert "jas_unscale_and_check_v1" not in text
+
+
+def test_study_underflow_measure_is_float16_rounding(monkeypatch):
+    """The study's scale-underflow measure (counts of float32 magnitudes at
+    most 2**-25 / scale) agrees with NumPy's float16 rounding of g * scale."""
+    pytest.importorskip("flax")
+    examples = Path(__file__).resolve().parents[3] / "examples"
+    monkeypatch.syspath_prepend(str(examples))
+    import amax_scaler_study as study
+
+    rng = np.random.default_rng(0)
+    leaves = []
+    for top in (0.0, -12.0):  # two leaves, their largest 2**0 and 2**-12
+        e = rng.uniform(-60.0, top, 4000)
+        e[0] = top
+        leaves.append((np.exp2(e) * rng.choice([-1.0, 1.0], e.size)).astype(np.float32))
+    counts = np.asarray(study.tiny_counts({"a": jnp.asarray(leaves[0]), "b": leaves[1]}))
+    # Live: above 2**-24 of the leaf's largest (float32 rounding residue below).
+    live = [g[np.abs(g) > np.abs(g).max() * np.float32(2.0**-24)] for g in leaves]
+    assert counts[-1] == sum(g.size for g in live)
+    for e_s in range(25):
+        s = np.float32(2.0**e_s)
+        with np.errstate(over="ignore"):  # the largest overflow: not zero
+            flushed = sum(int(np.sum(np.float16(g * s) == 0)) for g in live)
+        assert study.scale_underflow(counts, float(s)) == flushed / counts[-1], e_s
