@@ -13,6 +13,7 @@ from jax_amp_scale.operators.unscale_and_check import PyTree
 from jax_amp_scale.operators.update_scale import check_bool
 from jax_amp_scale.policy import Policy
 from jax_amp_scale.training import replicas, scaling
+from jax_amp_scale.training.scalers import AmaxScaler
 from jax_amp_scale.training.scaling import instances
 
 
@@ -29,7 +30,7 @@ class Trainer:
         then `scaler` and `accumulate` must be left out.  Clipping goes
         inside: ``optax.chain(clip_grad_norm(1.0), optax.adam(1e-3))``.
       scaler: `dynamic_scaler()` (default), `static_scaler(x)`,
-        `no_op_scaler()` or a `ScaleState`.
+        `amax_scaler()`, `no_op_scaler()` or a `ScaleState`.
       policy: optional `Policy`: the loss function gets
         ``policy.cast_to_compute(params)`` and ``cast_to_compute(batch)``
         and its loss is cast with ``cast_to_output``; parameters (and their
@@ -49,8 +50,9 @@ class Trainer:
     was dropped), ``found_inf`` (bool, False inside a window), ``reason``
     (int32 `SkipReason`), ``consecutive_overflows``, ``skipped_steps`` and
     ``total_steps`` (int32 optimizer steps, after this call), ``grad_norm``
-    (when a `clip_grad_norm` is in the optimizer) and ``aux`` with
-    ``has_aux``.  Whenever no update is applied the returned params are the
+    (when a `clip_grad_norm` is in the optimizer), ``amax`` and
+    ``headroom_used`` (float32, the last optimizer step's, with
+    `amax_scaler`) and ``aux`` with ``has_aux``.  Whenever no update is applied the returned params are the
     input params, bit for bit.
     """
 
@@ -132,6 +134,9 @@ class Trainer:
         updates, new_state = self.tx.update(grads, state, params)
         metrics = {"loss": loss.astype(jnp.float32), "scale": scaling.scale_value(state)}
         metrics.update(_outcome(state, new_state))
+        scaler = ls.get_loss_scaled_state(new_state).scaler
+        if isinstance(scaler, AmaxScaler):  # its telemetry, beside the skip's reason
+            metrics["amax"], metrics["headroom_used"] = scaler.amax, scaler.headroom_used
         held = metrics["reason"] != int(ls.SkipReason.APPLIED)
         new_params = optax.apply_updates(params, updates)
         # Zero updates would still turn -0.0 into +0.0: keep the input bits.

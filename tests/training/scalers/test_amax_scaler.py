@@ -206,6 +206,10 @@ def test_accumulate_gradients_and_trainer():
     k = get_loss_scaled_state(state).scaler
     assert int(metrics["reason"]) == 0 and int(k.reason) == 0
     assert float(k.amax) > 0 and float(k.scale) > 1
+    # The telemetry in the metrics: the step's scaled amax (b's gradient, 1,
+    # times the scale the step ran at) and its share of 65504.
+    assert float(metrics["amax"]) == float(k.amax) == float(metrics["scale"])
+    assert float(metrics["headroom_used"]) == np.float32(k.amax) / np.float32(65504)
 
 
 def test_hand_written_loop_with_optimizer_step():
