@@ -19,13 +19,12 @@ from jax_amp_scale.operators.update_scale import (
     update_scale,
 )
 from jax_amp_scale.policy import Policy, get_policy
+from jax_amp_scale.training.amax_scaler import AmaxScaler, amax_scaler
 from jax_amp_scale.training.scalers import (
-    AmaxScaler,
     DynamicScaler,
     NoOpScaler,
     Scaler,
     StaticScaler,
-    amax_scaler,
     dynamic_scaler,
     no_op_scaler,
     static_scaler,

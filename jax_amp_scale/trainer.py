@@ -13,7 +13,7 @@ from jax_amp_scale.operators.unscale_and_check import PyTree
 from jax_amp_scale.operators.update_scale import check_bool
 from jax_amp_scale.policy import Policy
 from jax_amp_scale.training import replicas, scaling
-from jax_amp_scale.training.scalers import AmaxScaler
+from jax_amp_scale.training.amax_scaler import AmaxScaler
 from jax_amp_scale.training.scaling import instances
 
 
