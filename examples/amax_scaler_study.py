@@ -14,22 +14,30 @@ four ways:
 - ``amax``: float16 matrix products, ``loss_scaled`` with ``amax_scaler()``.
 
 for each seed (the seed picks the initial weights and the batch order), and
-then the stress variants, one seed each: ``init2^24`` (every scaler starts
-at 2**24), ``init2^24-mean`` (the same with the plain per-batch mean as the
-loss, ``--global-batch-tokens 2048``: gradients 128 times larger), ``high-lr`` (learning rate 1e-2, no warm-up: the example has
-none), ``accum8`` (8 micro-batches of 4 windows per step,
-``accumulate_gradients``; the amax scaler with ``micro_batches=8``) and
-``spike`` (the loss multiplied by 2**12 at one step, mid-run).
+then the stress variants (``--stress-seeds``, by default the same seeds).
+On the example's loss, which divides by a 2**18-token global batch:
+``init2^24`` (every scaler starts at 2**24), ``high-lr`` (learning rate
+1e-2, no warm-up: the example has none), ``accum8`` (8 micro-batches of 4
+windows per step, ``accumulate_gradients``; the amax scaler with
+``micro_batches=8``) and ``spike`` (the loss multiplied by 2**12 at one
+step, mid-run).  The same four with ``-mean``: the plain per-batch mean as
+the loss (``--global-batch-tokens 2048``, what a single-device loop
+differentiates; gradients 128 times larger), for twice ``--steps``: there
+the reactive scalers meet the overflow line.
 
 Per run it records the loss, the scale, whether the step was skipped and the
 step's amax (largest |gradient| of the parameters, unscaled, float32): the
 amax traces give the step-to-step growth the margin must cover
-(``amax_traces.json``), and every ``--sample-every`` steps the fraction of
-the float16 run's scaled gradient entries that are exactly zero where the
-float32 gradient of the same parameters and batch is not (underflow).
+(``amax_traces.json``).  Every ``--sample-every`` steps it measures
+underflow two ways: in the run, the fraction of the float16 run's scaled
+gradient entries that are exactly zero where the float32 gradient of the
+same parameters and batch is not; and the scale's own, the fraction of the
+float32 run's gradient entries that the float16 run's scale at that step
+puts at or below 2**-25, where float16 rounds to zero.
 
 Output in ``--out-dir``: ``amax_study.md`` (the tables), ``amax_traces.json``
-and ``amax_scaler.png`` (scale, amax and loss over steps, seed 0); each run
+and ``amax_scaler.png`` (scale, amax and loss over steps, the first seed),
+``amax_scaler_accum8-mean.png`` (the same for that variant); each run
 is kept in ``runs/`` and reused by a later call (``--rerun amax`` trains
 the amax runs again, after a change to the scaler).
 """
@@ -233,6 +241,38 @@ def train_jax(cfg: lm.Config, kind: str, v: Variant, data: np.ndarray, held_out:
     )
 
 
+FLOOR_SCALES = [2.0**e for e in range(0, 25, 4)]
+
+
+def floor_row(cfg: lm.Config, data: np.ndarray) -> list[float]:
+    """The in-run underflow fraction at the first step's weights and batch, at each of FLOOR_SCALES."""
+    graph16, params = nnx.split(lm.make_model(cfg, jnp.float16), nnx.Param)
+    graph32, _ = nnx.split(lm.make_model(cfg, jnp.float32), nnx.Param)
+    factor = objective_factor(cfg)
+
+    def objective(p: Any, win: jax.Array, mult: jax.Array, gd: Any) -> jax.Array:
+        return jnp.mean(lm.token_losses(nnx.merge(gd, p), win)) * factor * mult
+
+    @jax.jit
+    def fraction(p: Any, win: jax.Array, scale: jax.Array) -> jax.Array:
+        g16 = jax.grad(objective)(p, win, scale, graph16)
+        return underflow_fraction(g16, jax.grad(objective)(p, win, jnp.float32(1), graph32))
+
+    win = lm.windows(data, lm.batch_starts(len(data), cfg)[0], cfg.context)
+    return [float(fraction(params, win, jnp.float32(s))) for s in FLOOR_SCALES]
+
+
+def floor_table(cfg: lm.Config, data: np.ndarray) -> str:
+    """floor_row on the example's loss and on the plain mean: where the fraction
+    stops falling, the zeros left are float16 arithmetic's, not the scale's."""
+    head = "| loss | " + " | ".join(f"2**{int(np.log2(s))}" for s in FLOOR_SCALES) + " |"
+    lines = [head, "|---" * (len(FLOOR_SCALES) + 1) + "|"]
+    for label, tokens in (("example's", cfg.global_batch_tokens), ("plain mean", MEAN_TOKENS)):
+        row = floor_row(cfg._replace(global_batch_tokens=tokens), data)
+        lines.append(f"| {label} | " + " | ".join(f"{f:.1e}" for f in row) + " |")
+    return "\n".join(lines)
+
+
 def train_torch(cfg: lm.Config, v: Variant, data: np.ndarray, held_out: np.ndarray,
                 sample_every: int) -> Run:  # fmt: skip
     import torch
@@ -354,8 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--kinds", default="float32,dynamic,torch,amax")
     p.add_argument("--stress", default=",".join(STRESS), help="'' for none")
+    p.add_argument("--stress-seeds", default=None, help="the stress variants' (default: --seeds)")
     p.add_argument("--sample-every", type=int, default=25)
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--d-model", type=int, default=64, help="the model's width (heads: 4)")
     p.add_argument("--out-dir", type=Path, default=Path("examples/out"))
     p.add_argument("--plot", type=Path, default=None, help="where the PNG goes")
     p.add_argument(
@@ -365,8 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     kinds = [k for k in args.kinds.split(",") if k]
     seeds = [int(s) for s in args.seeds.split(",") if s]
+    stress_seeds = (
+        seeds if args.stress_seeds is None else [int(s) for s in args.stress_seeds.split(",")]
+    )
     data, held_out = lm.load_corpus()
-    base = lm.Config(steps=args.steps, layers=args.layers)
+    base = lm.Config(steps=args.steps, layers=args.layers, d_model=args.d_model)
     variants = {v.name: v for v in stress_variants(args.steps)}
     stress = [variants[s] for s in args.stress.split(",") if s]
 
@@ -375,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     cache.mkdir(exist_ok=True)
 
     def one(cfg: lm.Config, kind: str, v: Variant) -> Run:
-        path = cache / f"{v.name}_{cfg.seed}_{kind}_{cfg.steps}_{cfg.layers}.npz"
+        width = "" if cfg.d_model == lm.Config.d_model else f"_d{cfg.d_model}"
+        path = cache / f"{v.name}_{cfg.seed}_{kind}_{cfg.steps}_{cfg.layers}{width}.npz"
         if path.exists() and kind not in rerun:
             z = np.load(path)
             if set(Run._fields) <= set(z.files):  # else written by an older study: train again
@@ -401,13 +447,18 @@ def main(argv: list[str] | None = None) -> int:
                 base._replace(seed=seed), kind, Variant("default")
             )
     for v in stress:
-        cfg = base._replace(seed=seeds[0], steps=v.steps or args.steps)
-        if v.global_batch_tokens is not None:
-            cfg = cfg._replace(global_batch_tokens=v.global_batch_tokens)
-        for kind in kinds:
-            results[(v.name, seeds[0], kind)] = one(cfg, kind, v)
+        for seed in stress_seeds:
+            cfg = base._replace(seed=seed, steps=v.steps or args.steps)
+            if v.global_batch_tokens is not None:
+                cfg = cfg._replace(global_batch_tokens=v.global_batch_tokens)
+            for kind in kinds:
+                results[(v.name, seed, kind)] = one(cfg, kind, v)
 
-    text = report(results, kinds, seeds, stress, args.steps, args.sample_every)
+    text = report(results, kinds, seeds, stress, stress_seeds, args.steps, args.sample_every)
+    text += (
+        f"\nIn-run underflow at the first step's weights and batch (seed {seeds[0]}) "
+        f"against the scale:\n\n{floor_table(base._replace(seed=seeds[0]), data)}\n"
+    )
     (args.out_dir / "amax_study.md").write_text(text)
     print(text)
     traces = {f"{v}/{s}/{k}": {"amax": r.amax.tolist(), "scale": r.scale.tolist(),
@@ -419,9 +470,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {picture}")
     for v in stress:
         if v.name == PICTURED_STRESS:
-            runs = {k: results[(v.name, seeds[0], k)] for k in kinds}
+            runs = {k: results[(v.name, stress_seeds[0], k)] for k in kinds}
             where = picture.with_name(picture.stem + "_" + v.name + picture.suffix)
-            if plot(runs, where, f"{v.name}, seed {seeds[0]}"):
+            if plot(runs, where, f"{v.name}, seed {stress_seeds[0]}"):
                 print(f"wrote {where}")
     return 0
 
@@ -466,7 +517,7 @@ def underflows(results: dict[tuple[str, int, str], Run], key: tuple[str, int], k
 
 
 def report(results: dict[tuple[str, int, str], Run], kinds: list[str], seeds: list[int],
-           stress: list[Variant], steps: int, sample_every: int) -> str:  # fmt: skip
+           stress: list[Variant], stress_seeds: list[int], steps: int, sample_every: int) -> str:  # fmt: skip
     f16 = [k for k in kinds if k != "float32"]
     lines = [f"Default settings, {steps} steps, seeds {seeds}:", ""]
     lines += ["| scaler | skipped steps per seed | eval loss per seed | mean gap to float32 "
@@ -485,15 +536,20 @@ def report(results: dict[tuple[str, int, str], Run], kinds: list[str], seeds: li
             f"| {spread if spread is not None else float('nan'):.4f} |"
         )
     if stress:
-        lines += ["", f"Stress variants, seed {seeds[0]}: skipped steps (eval loss)", ""]
-        lines += [
-            "| variant | steps | " + " | ".join(kinds) + " |",
-            "|---" * (len(kinds) + 2) + "|",
-        ]
+        lines += ["", f"Stress variants, seeds {stress_seeds}: skipped steps per seed "
+                  "(mean eval-loss gap to float32)", ""]  # fmt: skip
+        lines += ["| variant | steps | " + " | ".join(f16) + " |", "|---" * (len(f16) + 2) + "|"]
         for v in stress:
-            rs = {k: results[(v.name, seeds[0], k)] for k in kinds}
-            cells = [f"{int(r.skipped.sum())} ({r.eval_loss:.4f})" for r in rs.values()]
-            lines.append(f"| {v.name} | {len(rs[kinds[0]].scale)} | " + " | ".join(cells) + " |")
+            cells = []
+            for k in f16:
+                rs = [results[(v.name, s, k)] for s in stress_seeds]
+                gaps = [r.eval_loss - results[(v.name, s, "float32")].eval_loss
+                        for s, r in zip(stress_seeds, rs, strict=True)
+                        if (v.name, s, "float32") in results]  # fmt: skip
+                gap = f" ({np.mean(gaps):+.4f})" if gaps else ""
+                cells.append(", ".join(str(int(r.skipped.sum())) for r in rs) + gap)
+            n = len(results[(v.name, stress_seeds[0], f16[0])].scale)
+            lines.append(f"| {v.name} | {n} | " + " | ".join(cells) + " |")
     runs = sorted({(v, s) for v, s, _ in results}, key=lambda vs: (vs[0] != "default", vs))
     lines += ["", "Underflow, mean over the sampled steps after the first (the first step):",
               "in the run (its float16 gradient is 0 where float32's, same parameters and batch, is not)"
