@@ -95,7 +95,19 @@ class AmaxScaler(ScalerBase):
         backend: Backend = "auto",
         update_backend: Backend | None = None,
     ) -> tuple[PyTree, jax.Array, AmaxScaler]:
-        """``(unscaled, found_inf, next scaler)``, the amax measured in the pass."""
+        """``(unscaled, found_inf, next scaler)``, the amax measured in the pass.
+
+        Args:
+          grads: the gradients of the scaled loss (any pytree, mixed dtypes);
+            floating leaves are unscaled and checked, the others pass.
+          axis_name: optional mapped axis name, or tuple of names: the flag is
+            OR-reduced and the amaxes max-reduced across it (one all-reduce).
+          backend: the gradient pass's backend: ``"auto"`` (default: the
+            native pass on CPU where it is built, the reference elsewhere),
+            ``"reference"`` or ``"ffi"``.
+          update_backend: not used (the rule is pure JAX); taken so that
+            generic scaler code can pass it.
+        """
         del update_backend  # the rule is pure JAX
         # The amax comes from the pass itself (one read of each gradient on
         # the CPU's native pass); under axis_name, one pmax beside the flag's.
@@ -120,9 +132,22 @@ class AmaxScaler(ScalerBase):
     ) -> AmaxScaler:
         """The scaler after one step (see `amax_scaler` for the rule).
 
-        `amax`: the step's amax in scaled units (finite entries only), as
-        `unscale_and_update` measures it; None (generic code that passes only
-        found_inf): nothing measured, so a finite step keeps the scale.
+        Args:
+          found_inf: whether this step's gradients were not finite: a bool,
+            int or float scalar (Python, NumPy or JAX; shape ``()`` or
+            ``(1,)``), read by its bits: nonzero, subnormal and NaN count.
+          amax: the step's amax in scaled units (finite entries only), a
+            float scalar, as `unscale_and_update` measures it; None (default,
+            generic code that passes only ``found_inf``): nothing measured,
+            so a finite step keeps the scale.
+          leaf_amax: the step's amax per floating leaf named by ``per_leaf``,
+            one float each, in ``tree_flatten`` order; None (default) keeps the
+            last ones.  Ignored when the scaler was built without ``per_leaf``.
+          axis_name: optional mapped axis name, or tuple of names:
+            ``found_inf`` is OR-reduced and `amax` max-reduced across it
+            (`leaf_amax` is not).
+          backend: not used (the rule is pure JAX); taken so that generic
+            scaler code can pass it.
         """
         del backend
         found = found_flag(found_inf, self.state, axis_name).reshape(())

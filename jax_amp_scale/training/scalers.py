@@ -187,7 +187,17 @@ class DynamicScaler(ScalerBase):
     def update(
         self, found_inf: Any, *, axis_name: Hashable | None = None, backend: Backend = "auto"
     ) -> DynamicScaler:
-        """The scaler after one step; `found_inf` True (nonzero, NaN) is an overflow."""
+        """The scaler after one step (see the class for the rule).
+
+        Args:
+          found_inf: whether this step's gradients overflowed: a bool, int or
+            float scalar (Python, NumPy or JAX; shape ``()`` or ``(1,)``),
+            read by its bits: nonzero, subnormal and NaN mean overflow.
+          axis_name: optional mapped axis name, or tuple of names, to OR-reduce
+            ``found_inf`` across, so every replica takes the same decision.
+          backend: the `update_scale` backend: ``"auto"`` (default),
+            ``"reference"`` or ``"ffi"``; another value is a ``ValueError``.
+        """
         found = found_flag(found_inf, self.state, axis_name)
         new = update_scale(self.state, found, backend)
         scale = new.scale
@@ -356,7 +366,18 @@ def static_scaler(
     dtype: Any = jnp.float32,
     shape: tuple[int, ...] = (),
 ) -> StaticScaler:
-    """A `StaticScaler` of `scale` (finite, > 0, finite in `dtype`)."""
+    """A `StaticScaler`: a fixed scale, which ``update`` never changes.
+
+    Args:
+      scale: the loss scale, a Python or NumPy real number (not a JAX
+        array): finite, > 0 and still finite once rounded to `dtype`.
+      drop_overflow_update: whether `loss_scaled` and `Trainer` skip a step
+        whose gradients overflowed (True, default) or apply it.
+      dtype: the scale's dtype: ``jnp.float32`` (default), ``jnp.float16``
+        or ``jnp.bfloat16``.
+      shape: the scale's shape, ``()`` (default) or ``(1,)`` (Ascend's
+        operator's).
+    """
     value = check_factor(scale, "scale")
     dt = check_dtype(dtype)
     with np.errstate(over="ignore"):
@@ -369,7 +390,12 @@ def static_scaler(
 
 
 def no_op_scaler(*, drop_overflow_update: bool = True) -> NoOpScaler:
-    """A `NoOpScaler`: no scaling; non-finite steps skipped unless told otherwise."""
+    """A `NoOpScaler`: no scaling (scale 1.0, nothing multiplied).
+
+    Args:
+      drop_overflow_update: whether `loss_scaled` and `Trainer` skip a step
+        whose gradients are not finite (True, default) or apply it.
+    """
     return NoOpScaler(fixed_state(1.0, jnp.float32, ()), drop_overflow_update)
 
 
