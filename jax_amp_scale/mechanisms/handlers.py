@@ -268,14 +268,35 @@ def platform_name(platform: str | None) -> str:
 
 
 def available_backends(platform: str | None = None, op: str = UPDATE_SCALE) -> tuple[str, ...]:
-    """Backends that run `op` on `platform` (default: JAX's default backend)."""
+    """Backends that run `op` on `platform`: ``("reference", "ffi")`` where a
+    native handler for `op` is registered for `platform` in this process,
+    else ``("reference",)``.
+
+    Args:
+      platform: a lowering platform name (``"cpu"``, ``"cuda"`` or its older
+        name ``"gpu"``, ``"rocm"``, ``"ascend"``, ...; any case); None
+        (default): JAX's default backend.
+      op: the operator: ``"update_scale"`` (default), ``"unscale_and_check"``
+        (the gradient pass) or ``"unscale_check_amax"`` (`amax_scaler`'s
+        pass).
+    """
     if platform_name(platform) in platforms(op):
         return ("reference", "ffi")
     return ("reference",)
 
 
 def auto_backend(platform: str | None = None, op: str = UPDATE_SCALE) -> str:
-    """The backend ``"auto"`` picks for `op` on `platform` in this process."""
+    """The backend ``"auto"`` picks for `op` on `platform` in this process:
+    ``"ffi"`` or ``"reference"``.
+
+    Args:
+      platform: a lowering platform name (``"cpu"``, ``"cuda"`` or its older
+        name ``"gpu"``, ``"rocm"``, ``"ascend"``, ...; any case); None
+        (default): JAX's default backend.
+      op: the operator: ``"update_scale"`` (default), ``"unscale_and_check"``
+        (the gradient pass) or ``"unscale_check_amax"`` (`amax_scaler`'s
+        pass).
+    """
     name = platform_name(platform)
     if name in AUTO_NATIVE.get(op, frozenset()) and name in platforms(op):
         return "ffi"

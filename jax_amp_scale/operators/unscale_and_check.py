@@ -411,8 +411,12 @@ def _pass(
 
 
 def all_finite(tree: PyTree) -> jax.Array:
-    """True (bool scalar) when every floating leaf holds only finite values
-    (non-floating leaves are ignored; an empty tree is finite)."""
+    """True (bool scalar) when every floating leaf holds only finite values.
+
+    Args:
+      tree: any pytree; leaves that are not floating arrays (integer arrays,
+        Python numbers) are ignored, and a tree with none is finite.
+    """
     flags = [leaf_finite(x) for x in jax.tree_util.tree_leaves(tree) if floats.is_float_leaf(x)]
     if not flags:
         return jnp.array(True)

@@ -32,8 +32,13 @@ def instances(tree: Any, cls: type[T]) -> list[T]:
 
 
 def find_scale_state(tree: PyTree) -> ScaleState:
-    """The one `ScaleState` inside `tree`; a ``ValueError`` when it holds none
-    or more than one (for example an optax state with two `loss_scaled`)."""
+    """The one `ScaleState` inside `tree`.
+
+    Args:
+      tree: any pytree: a `ScaleState` itself, a scaler, a `LossScaledState`
+        or a whole optax state; a ``ValueError`` when it holds none or more
+        than one (for example an optax state with two `loss_scaled`).
+    """
     found = instances(tree, ScaleState)
     if len(found) != 1:
         raise ValueError(
@@ -133,7 +138,16 @@ def _inverse(state: Any) -> jax.Array | None:
 
 def unscale(tree: PyTree, state: Any) -> PyTree:
     """Multiplies every floating leaf by ``float32(1 / scale)``, in
-    ``promote_types(dtype, float32)`` rounded once back to its own dtype."""
+    ``promote_types(dtype, float32)`` rounded once back to its own dtype.
+
+    Args:
+      tree: the gradients (any pytree, mixed dtypes); non-floating leaves
+        are returned as they are.
+      state: where the scale lives: a `ScaleState`, a scaler, a
+        `LossScaledState`, any pytree holding exactly one `ScaleState`, or a
+        float scalar.  With a `NoOpScaler` (or a `LossScaledState` holding
+        one), `tree` is returned as it is.
+    """
     inv = _inverse(state)
     if inv is None:  # identity scale: the tree as is, like scale_loss
         return tree
@@ -176,6 +190,12 @@ def clip_by_global_norm(tree: PyTree, max_norm: float) -> tuple[PyTree, jax.Arra
     ``scaler.unscale_``).  `norm` is the float32 global norm before
     clipping; a non-finite norm (an overflow step) leaves non-finite leaves,
     as torch does, and the step should be skipped anyway.
+
+    Args:
+      tree: the unscaled gradients (any pytree); floating leaves are
+        multiplied by ``min(1, max_norm / (norm + 1e-6))``, the others pass.
+      max_norm: the largest global norm kept, a Python or NumPy real number,
+        finite and > 0 (a ``TypeError`` or ``ValueError`` otherwise).
     """
     max_norm = check_max_norm(max_norm)
     norm = global_norm(tree)
@@ -212,8 +232,13 @@ def unscale_and_check(
 
 
 def nonfinite_leaves(tree: PyTree) -> PyTree:
-    """A bool scalar per leaf of `tree`: True where it holds an inf or NaN (False
-    for non-floating leaves).  `nonfinite_paths` names them on the host."""
+    """A bool scalar per leaf of `tree`: True where it holds an inf or NaN.
+    `nonfinite_paths` names them on the host.
+
+    Args:
+      tree: any pytree, usually the gradients; a leaf that is not a floating
+        array (an integer array, a Python float) gets False.
+    """
     return jax.tree_util.tree_map(
         lambda x: jnp.logical_not(leaf_finite(x)) if is_float_leaf(x) else jnp.array(False), tree
     )
@@ -222,8 +247,10 @@ def nonfinite_leaves(tree: PyTree) -> PyTree:
 def nonfinite_paths(report: PyTree) -> list[str]:
     """Host side: the ``jax.tree_util.keystr`` paths whose flag in `report` is True.
 
-    `report` is the output of `nonfinite_leaves` (fetched from the device;
-    this function calls ``bool()`` on each flag, so it cannot run under jit).
+    Args:
+      report: the output of `nonfinite_leaves` (fetched from the device; each
+        flag is read with ``bool()``, so this cannot run under jit): one
+        bool per leaf, a ``TypeError`` otherwise.
     """
     flat, _ = jax.tree_util.tree_flatten_with_path(report)
     for path, flag in flat:
