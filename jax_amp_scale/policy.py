@@ -135,15 +135,27 @@ class Policy:
         return jax.tree_util.tree_map_with_path(one, tree)
 
     def cast_to_param(self, tree: PyTree) -> PyTree:
-        """Floating leaves to `param_dtype` (keep-float32 leaves to float32)."""
+        """Floating leaves to `param_dtype` (keep-float32 leaves to float32).
+
+        Args:
+          tree: any pytree, usually the parameters; other leaves pass.
+        """
         return self._cast(tree, self.param_dtype, True)
 
     def cast_to_compute(self, tree: PyTree) -> PyTree:
-        """Floating leaves to `compute_dtype` (keep-float32 leaves to float32)."""
+        """Floating leaves to `compute_dtype` (keep-float32 leaves to float32).
+
+        Args:
+          tree: any pytree, usually the parameters or a batch; other leaves pass.
+        """
         return self._cast(tree, self.compute_dtype, True)
 
     def cast_to_output(self, tree: PyTree) -> PyTree:
-        """Floating leaves to `output_dtype` (no keep rules: outputs are outputs)."""
+        """Floating leaves to `output_dtype` (no keep rules: outputs are outputs).
+
+        Args:
+          tree: any pytree, usually the loss or the logits; other leaves pass.
+        """
         return self._cast(tree, self.output_dtype, False)
 
     def __str__(self) -> str:
@@ -220,7 +232,12 @@ def get_policy(name: str) -> Policy:
 
 def scaler_for(level: str) -> scalers.DynamicScaler | scalers.NoOpScaler:
     """The scaler a level pairs with: dynamic (torch defaults) for O1/O2,
-    no-op for O0 and O3."""
+    no-op for O0 and O3.
+
+    Args:
+      level: ``"O0"``, ``"O1"``, ``"O2"`` or ``"O3"`` (case-insensitive,
+        surrounding spaces ignored); anything else is a ``ValueError``.
+    """
     if not isinstance(level, str) or level.strip().upper() not in _PRESETS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     dynamic = level.strip().upper() in ("O1", "O2")

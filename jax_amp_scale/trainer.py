@@ -96,7 +96,11 @@ class Trainer:
         self.tx = tx
 
     def init(self, params: PyTree) -> Any:
-        """The initial optimizer state for `params`."""
+        """The initial optimizer state for `params`.
+
+        Args:
+          params: the parameters, a pytree of arrays (what `step` takes).
+        """
         return self.tx.init(params)
 
     def step(
@@ -106,7 +110,18 @@ class Trainer:
         batch: Any,
         loss_fn: Callable[..., Any],
     ) -> tuple[PyTree, Any, dict[str, Any]]:
-        """One training step (one micro-batch with ``accumulate``); see the class."""
+        """One training step (one micro-batch with ``accumulate``); see the class.
+
+        Args:
+          params: the parameters, a pytree of arrays; returned as they are,
+            bit for bit, when no update is applied.
+          state: the optimizer state, from `init` or the previous `step`.
+          batch: what ``loss_fn`` takes as its second argument, any pytree
+            (with a ``policy``, passed through ``policy.cast_to_compute``).
+          loss_fn: ``loss_fn(params, batch)`` returning a floating scalar
+            loss, or ``(loss, aux)`` with ``has_aux``; a ``TypeError`` if it
+            is not callable or its loss is not a floating scalar.
+        """
         import optax
 
         from jax_amp_scale.training import loss_scaled as ls

@@ -82,6 +82,13 @@ def accumulate_gradients(
     `LossScaledState`'s counters count optimizer steps (windows).  Divide
     nothing yourself: the mean matches a torch loop that divides each
     micro-batch loss by `k`.
+
+    Args:
+      inner: the optax transformation that gets each window's mean, usually
+        ``loss_scaled(...)`` (a ``TypeError`` if it is not an optax
+        ``GradientTransformation``).
+      k: calls (micro-batches) per window, an int >= 1 (a ``ValueError``
+        otherwise); with 1, every call is an optimizer step.
     """
     k_ = positive_int(k, "k")
     if not isinstance(inner, optax.GradientTransformation):
@@ -132,6 +139,11 @@ def clip_grad_norm(max_norm: float | None) -> optax.GradientTransformation:
     the norm without clipping.  Put it inside `loss_scaled` so that it sees
     unscaled gradients: ``loss_scaled(optax.chain(clip_grad_norm(1.0),
     optax.adam(1e-3)))``; a skipped step keeps the previous norm.
+
+    Args:
+      max_norm: the largest global norm kept, a Python or NumPy real number,
+        finite and > 0 (a ``TypeError`` or ``ValueError`` otherwise); or None
+        to record the norm without clipping.
     """
     limit = None if max_norm is None else scaling.check_max_norm(max_norm, "max_norm")
 
