@@ -56,16 +56,26 @@ def export(
 ) -> Callable[..., jax_export.Exported]:
     """`jax.export.export(fun, ...)` with the library's custom calls allowed.
 
-    `fun` is jitted if it is not already.  `platforms`, `disabled_checks`
-    (added to the library's own) and the other keywords go to
-    `jax.export.export`.  `loss_scaled`'s host reports do not serialize (a
-    ValueError says so): build the step without them
-    (``host_reports=False``; docs/guide/export.md).  In a process with
-    several devices the native calls are exported unpartitioned (one call
-    over whole arrays, which XLA gathers around when the artifact runs
-    sharded; the same bits), because custom_partitioning does not
-    serialize; exporting then clears jit's caches (`jax.clear_caches`)
-    before and after tracing.
+    `loss_scaled`'s host reports do not serialize (a ValueError says so):
+    build the step without them (``host_reports=False``;
+    docs/guide/export.md).  In a process with several devices the native
+    calls are exported unpartitioned (one call over whole arrays, which XLA
+    gathers around when the artifact runs sharded; the same bits), because
+    custom_partitioning does not serialize; exporting then clears jit's
+    caches (`jax.clear_caches`) before and after tracing.
+
+    Args:
+      fun: the function to export; jitted here unless it is already (has
+        ``.lower``).
+      platforms: the lowering platforms to export for (``"cpu"``,
+        ``"cuda"``, ...), passed to :func:`jax.export.export`; None (default):
+        JAX's default backend.
+      disabled_checks: more ``jax.export.DisabledSafetyCheck`` entries,
+        added to the library's own (one per `exportable_targets` name).
+      **kwargs: other keywords, passed to :func:`jax.export.export` as they are.
+
+    Returns:
+      A function of `fun`'s arguments that returns the :class:`jax.export.Exported`.
     """
     checks = [jax_export.DisabledSafetyCheck.custom_call(t) for t in exportable_targets()]
     if not hasattr(fun, "lower"):
@@ -118,6 +128,11 @@ _HOST_REPORT_PREFIX = "jas_host_report"
 
 
 def deserialize(blob: bytes | bytearray) -> jax_export.Exported:
-    """`jax.export.deserialize(blob)` after `register_handlers()`."""
+    """`jax.export.deserialize(blob)` after `register_handlers()`.
+
+    Args:
+      blob: a serialized artifact, as ``Exported.serialize()`` returns it
+        (bytes or bytearray).
+    """
     register_handlers()
     return jax_export.deserialize(blob)  # type: ignore[arg-type]

@@ -121,11 +121,27 @@ def register_in_api(
     handler: Any = None,
     target: str | None = None,
 ) -> str:
-    """`register` into the PJRT API table at address `api` (a ``PJRT_Api*``,
-    e.g. from ``jax_amp_scale._native_plugin.api_from_library``), which the
-    caller vouches is the plugin that runs `platform`: no check that JAX
-    loaded it.  For embedders that load a plugin themselves.  Returns the
-    route (``"pjrt"`` or ``"pjrt-versioned"``)."""
+    """`register` into the PJRT API table at address `api`, which the caller
+    vouches is the plugin that runs `platform`: no check that JAX loaded it.
+    For embedders that load a plugin themselves.
+
+    Args:
+      api: the address of the plugin's ``PJRT_Api`` table, an int (e.g.
+        from ``jax_amp_scale._native_plugin.api_from_library``).
+      platform: the JAX platform name of the plugin (``"ascend"``,
+        ``"cuda"``, ...; any case).
+      registry_platform: the platform name inside the plugin's FFI registry
+        (default: ``"CUDA"`` for cuda or gpu, ``"ROCM"`` for rocm, else
+        `platform` lowercased).
+      handler: an XLA FFI handler capsule (default: the CUDA handler for
+        cuda or gpu, else the Ascend one).
+      target: the custom-call target name (default: the update-scale
+        target; with the default handler and target, on a platform other
+        than cuda or gpu, the gradient pass is registered too).
+
+    Returns:
+      The route: ``"pjrt"`` or ``"pjrt-versioned"``.
+    """
     return handlers.register_plugin(
         platform, int(api), registry_platform=registry_platform, handler=handler, target=target
     )

@@ -75,11 +75,14 @@ def from_torch_state_dict(
 def to_torch_state_dict(state: Any) -> dict[str, float | int]:
     """torch ``GradScaler.state_dict()`` for `state`.
 
-    `state` is a `ScaleState` or any pytree holding exactly one (a
-    scaler, a `LossScaledState`, a whole optax state).  Bounds and hysteresis of
-    a `DynamicScaler` have no torch counterpart and are not exported.  Values
-    are Python numbers, as torch writes them (``GradScaler.load_state_dict``
-    accepts them).
+    Bounds and hysteresis of a `DynamicScaler` have no torch counterpart and
+    are not exported.  Values are Python numbers, as torch writes them
+    (``GradScaler.load_state_dict`` accepts them).
+
+    Args:
+      state: a `ScaleState` or any pytree holding exactly one (a scaler, a
+        `LossScaledState`, a whole optax state); a ``ValueError`` when it
+        holds none or more than one, or when its scale is not finite.
     """
     s = find_scale_state(state)
     scale = float(np.asarray(s.scale, np.float32).reshape(()))
@@ -105,6 +108,10 @@ def to_state_dict(tree: PyTree) -> dict[str, Any]:
     indices become string keys; every leaf becomes a NumPy array of its own
     dtype (bfloat16 via ml_dtypes).  Static fields (factors, intervals) are
     not stored: they come back from the template in `from_state_dict`.
+
+    Args:
+      tree: any pytree: a training state, an optax state, parameters (a
+        single leaf is stored under the key ``"_"``).
     """
     out: dict[str, Any] = {}
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
