@@ -49,6 +49,10 @@ def _public_type_names() -> dict[tuple[str, str], str]:
     names = {
         (jax.Array.__module__, jax.Array.__qualname__): "jax.Array",
         (jax.export.Exported.__module__, jax.export.Exported.__qualname__): "jax.export.Exported",
+        (
+            jax.export.DisabledSafetyCheck.__module__,
+            jax.export.DisabledSafetyCheck.__qualname__,
+        ): "jax.export.DisabledSafetyCheck",
     }
     try:
         import optax

@@ -45,6 +45,10 @@ INVENTORIES: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
                 "py:class",
                 "_autosummary/jax.export.Exported.html#jax.export.Exported",
             ),
+            "jax.export.DisabledSafetyCheck": (
+                "py:class",
+                "_autosummary/jax.export.DisabledSafetyCheck.html#jax.export.DisabledSafetyCheck",
+            ),
             "jax.export.deserialize": (
                 "py:function",
                 "_autosummary/jax.export.deserialize.html#jax.export.deserialize",
