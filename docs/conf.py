@@ -61,9 +61,9 @@ nitpicky = True
 intersphinx_mapping = local_inventories.write(Path(tempfile.mkdtemp(prefix="jas-inv-")))
 
 # Every parameter of a documented function has words (docs/_ext/api_pages.py):
-# off until the package's docstrings give them (each function it names is a
-# docstring to complete); turn on to list them as build warnings.
-api_pages_require_parameter_words = False
+# a parameter missing from its docstring's Args: is a build warning (an error
+# under -W).
+api_pages_require_parameter_words = True
 
 # External names with no entry in the local inventories: dtype defaults shown
 # as written in code (jnp.float32), whose jax page has no stable anchor.
