@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_amp_scale.mechanisms.floats import is_float_leaf
-from jax_amp_scale.mechanisms.handlers import Backend
+from jax_amp_scale.mechanisms.handlers import Backend, check_backend
 from jax_amp_scale.operators import unscale_and_check as gradient_pass
 from jax_amp_scale.operators.unscale_and_check import PyTree
 from jax_amp_scale.operators.update_scale import INT32_MAX, ScaleState, check_factor
@@ -105,10 +105,11 @@ class AmaxScaler(ScalerBase):
           backend: the gradient pass's backend: ``"auto"`` (default: the
             native pass on CPU where it is built, the reference elsewhere),
             ``"reference"`` or ``"ffi"``.
-          update_backend: not used (the rule is pure JAX); taken so that
-            generic scaler code can pass it.
+          update_backend: not used (the rule is pure JAX); taken, and checked,
+            so that generic scaler code can pass it: None (default) or a backend.
         """
-        del update_backend  # the rule is pure JAX
+        if update_backend is not None:
+            check_backend(update_backend)  # checked, then unused: the rule is pure JAX
         # The amax comes from the pass itself (one read of each gradient on
         # the CPU's native pass); under axis_name, one pmax beside the flag's.
         scale = self.state.scale.reshape(())
@@ -144,12 +145,13 @@ class AmaxScaler(ScalerBase):
             one float each, in ``tree_flatten`` order; None (default) keeps the
             last ones.  Ignored when the scaler was built without ``per_leaf``.
           axis_name: optional mapped axis name, or tuple of names:
-            ``found_inf`` is OR-reduced and `amax` max-reduced across it
-            (`leaf_amax` is not).
-          backend: not used (the rule is pure JAX); taken so that generic
-            scaler code can pass it.
+            ``found_inf`` is OR-reduced and `amax` and `leaf_amax`
+            max-reduced across it.
+          backend: not used (the rule is pure JAX); taken, and checked, so
+            that generic scaler code can pass it: ``"auto"`` (default),
+            ``"reference"`` or ``"ffi"``.
         """
-        del backend
+        check_backend(backend)  # checked, then unused: the rule is pure JAX
         found = found_flag(found_inf, self.state, axis_name).reshape(())
         a = jnp.zeros((), jnp.float32) if amax is None else jnp.asarray(amax, jnp.float32)
         a = a.reshape(())
@@ -162,11 +164,14 @@ class AmaxScaler(ScalerBase):
             per = self.leaf_amax
         else:
             per = jnp.asarray(leaf_amax, jnp.float32)
-            if per.shape[-1:] != (len(self.leaf_paths),):
+            if per.shape != (len(self.leaf_paths),):
                 raise ValueError(
-                    f"amax_scaler(per_leaf=...) named {len(self.leaf_paths)} floating leaves, "
-                    f"the gradients have {per.shape[-1]}: pass per_leaf a tree shaped like them"
+                    f"leaf_amax must have shape ({len(self.leaf_paths)},), one amax per floating "
+                    f"leaf that amax_scaler(per_leaf=...) named; got shape {per.shape} (pass "
+                    f"per_leaf a tree shaped like the gradients)"
                 )
+            if axis_name is not None:
+                per = jax.lax.pmax(per, axis_name)
         e_lo, e_hi = _log2_exact(self.min_scale), _log2_exact(self.max_scale)
         e_s = jnp.frexp(self.state.scale.reshape(()).astype(jnp.float32))[1] - 1  # log2(scale)
         k = self._room(a)  # largest k with a * 2**k <= target

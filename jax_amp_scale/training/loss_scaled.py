@@ -51,7 +51,7 @@ class LossScaledState(NamedTuple):
     """State of `loss_scaled`; its structure never depends on the options.
 
     Attributes:
-      scaler: the `DynamicScaler`, `StaticScaler` or `NoOpScaler`; it holds
+      scaler: the `DynamicScaler`, `StaticScaler`, `NoOpScaler` or `AmaxScaler`; it holds
         the one `ScaleState` of this state.
       inner_state: the wrapped transformation's state; never changed on a
         skipped step.
@@ -259,7 +259,7 @@ def loss_scaled(
         overflow's NaN) and ``optax.apply_if_finite`` (it would hide
         overflows from the scale) raise ``TypeError`` at ``init``.
       scaler: `dynamic_scaler()` (default: torch ``GradScaler``'s),
-        `static_scaler(x)`, `no_op_scaler()` or a `ScaleState`.  It decides
+        `static_scaler(x)`, `no_op_scaler()`, `amax_scaler()` or a `ScaleState`.  It decides
         every step (its ``drop_overflow_update``: skip an overflow step); a
         state whose scaler is configured otherwise is a ``ValueError`` when
         the step is traced.

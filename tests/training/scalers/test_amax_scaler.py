@@ -284,6 +284,32 @@ def test_bad_arguments_name_the_argument(kwargs, match):
         jas.amax_scaler(**kwargs)
 
 
+def test_bad_update_arguments_name_the_argument():
+    params, _ = params_and_grads()
+    k = m4(per_leaf=params)  # two floating leaves
+    with pytest.raises(ValueError, match=r"leaf_amax must have shape \(2,\).*got shape \(\)"):
+        k.update(False, amax=1.0, leaf_amax=1.0)
+    with pytest.raises(ValueError, match=r"leaf_amax must have shape \(2,\).*\(2, 2\)"):
+        k.update(False, amax=1.0, leaf_amax=jnp.ones((2, 2)))
+    with pytest.raises(ValueError, match=r"backend must be one of .*'bogus'"):
+        k.update(False, amax=1.0, backend="bogus")
+    with pytest.raises(ValueError, match=r"backend must be one of .*'bogus'"):
+        k.unscale_and_update(params, update_backend="bogus")
+
+
+def test_update_over_axis_name_reduces_every_amax():
+    params, _ = params_and_grads()
+    k = m4(per_leaf=params)
+    per = jnp.float32([[1.0, 2.0], [3.0, 0.5]])  # two members' leaf amaxes
+
+    def one(a, leaves):
+        return k.update(False, amax=a, leaf_amax=leaves, axis_name="r")
+
+    out = jax.vmap(one, axis_name="r")(jnp.max(per, axis=1), per)
+    np.testing.assert_array_equal(out.leaf_amax, [[3.0, 2.0], [3.0, 2.0]])
+    np.testing.assert_array_equal(out.amax, [3.0, 3.0])
+
+
 def test_default_margin_is_the_measured_one():
     k = jas.amax_scaler()
     assert (k.margin, k.micro_batches, k.max_backoffs) == (5, 1, 4)
