@@ -4,14 +4,15 @@
 
 Trains ``transformer_lm.py``'s byte-level transformer (its corpus, model,
 batches and float32 evaluation) on the same batches from the same weights in
-four ways:
+five ways:
 
 - ``float32``: everything in float32 (JAX);
 - ``dynamic``: float16 matrix products, ``loss_scaled`` with
   ``dynamic_scaler(2**15, growth_interval=50)`` (the example's settings);
 - ``torch``: the torch twin (``transformer_lm_torch.py``) under CPU autocast
   float16 with ``torch.amp.GradScaler`` and the same settings;
-- ``amax``: float16 matrix products, ``loss_scaled`` with ``amax_scaler()``.
+- ``amax``: float16 matrix products, ``loss_scaled`` with ``amax_scaler()``;
+- ``amax16``: the same with ``amax_scaler(init_scale=2**16)``, torch's first scale.
 
 for each seed (the seed picks the initial weights and the batch order), and
 then the stress variants (``--stress-seeds``, by default the same seeds).
@@ -107,8 +108,13 @@ def scaler_for(kind: str, v: Variant, cfg: lm.Config) -> Any:
     if kind == "dynamic":
         init = cfg.init_scale if v.init_scale is None else v.init_scale
         return jas.dynamic_scaler(init, growth_interval=cfg.growth_interval)
-    init = 1.0 if v.init_scale is None else v.init_scale
-    return jas.amax_scaler(init_scale=init, micro_batches=v.accumulate)
+    first = AMAX_INIT[kind] if v.init_scale is None else v.init_scale
+    return jas.amax_scaler(init_scale=first, micro_batches=v.accumulate)
+
+
+# The amax scaler's first scale: its default (1: no knowledge needed, no
+# overflow, but small gradients underflow on that one step), or torch's 2**16.
+AMAX_INIT = {"amax": 1.0, "amax16": 2.0**16}
 
 
 def amax_of(tree: Any) -> jax.Array:
@@ -392,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--kinds", default="float32,dynamic,torch,amax")
+    p.add_argument("--kinds", default="float32,dynamic,torch,amax,amax16")
     p.add_argument("--stress", default=",".join(STRESS), help="'' for none")
     p.add_argument("--stress-seeds", default=None, help="the stress variants' (default: --seeds)")
     p.add_argument("--sample-every", type=int, default=25)
@@ -420,7 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     cache.mkdir(exist_ok=True)
 
     def one(cfg: lm.Config, kind: str, v: Variant) -> Run:
-        width = "" if cfg.d_model == lm.Config.d_model else f"_d{cfg.d_model}"
+        if kind in AMAX_INIT and v.init_scale is not None:
+            kind = "amax"  # the variant sets the first scale: the same run
+        width = "" if cfg.d_model == lm.Config().d_model else f"_d{cfg.d_model}"
         path = cache / f"{v.name}_{cfg.seed}_{kind}_{cfg.steps}_{cfg.layers}{width}.npz"
         if path.exists() and kind not in rerun:
             z = np.load(path)
