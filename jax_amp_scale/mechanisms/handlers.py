@@ -267,6 +267,13 @@ def platform_name(platform: str | None) -> str:
     return "cuda" if platform == "gpu" else platform
 
 
+def _check_op(op: Any) -> str:
+    """`op` if it is one of the public `OPERATORS` (the host report is internal)."""
+    if not isinstance(op, str) or op not in OPERATORS:
+        raise ValueError(f"op must be one of {OPERATORS}, got {op!r}")
+    return op
+
+
 def available_backends(platform: str | None = None, op: str = UPDATE_SCALE) -> tuple[str, ...]:
     """Backends that run `op` on `platform`: ``("reference", "ffi")`` where a
     native handler for `op` is registered for `platform` in this process,
@@ -278,8 +285,9 @@ def available_backends(platform: str | None = None, op: str = UPDATE_SCALE) -> t
         (default): JAX's default backend.
       op: the operator: ``"update_scale"`` (default), ``"unscale_and_check"``
         (the gradient pass) or ``"unscale_check_amax"`` (`amax_scaler`'s
-        pass).
+        pass); anything else is a ValueError.
     """
+    op = _check_op(op)
     if platform_name(platform) in platforms(op):
         return ("reference", "ffi")
     return ("reference",)
@@ -295,8 +303,9 @@ def auto_backend(platform: str | None = None, op: str = UPDATE_SCALE) -> str:
         (default): JAX's default backend.
       op: the operator: ``"update_scale"`` (default), ``"unscale_and_check"``
         (the gradient pass) or ``"unscale_check_amax"`` (`amax_scaler`'s
-        pass).
+        pass); anything else is a ValueError.
     """
+    op = _check_op(op)
     name = platform_name(platform)
     if name in AUTO_NATIVE.get(op, frozenset()) and name in platforms(op):
         return "ffi"

@@ -12,6 +12,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import jax_amp_scale as jas
@@ -87,3 +88,14 @@ def test_auto_follows_the_dispatch_tables_only_inside_the_block():
     assert (dict(handlers.AUTO_NATIVE), handlers.CANN_PLATFORMS) == before
     assert jas.auto_backend("cpu") == "ffi"
     assert "jas_update_scale" in jax.jit(step).lower(state).as_text()
+
+
+def test_an_unknown_op_is_a_value_error_naming_op_and_the_public_operators():
+    # Before: available_backends raised a bare KeyError('bogus') and
+    # auto_backend answered "reference" for any op it did not know; the
+    # internal host report is not one of the documented operators.
+    allowed = r"\('update_scale', 'unscale_and_check', 'unscale_check_amax'\)"
+    for fn in (jas.available_backends, jas.auto_backend):
+        for op in ("bogus", "host_report", 3):
+            with pytest.raises(ValueError, match=rf"op must be one of {allowed}, got {op!r}"):
+                fn("cpu", op)
