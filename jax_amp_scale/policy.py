@@ -236,9 +236,14 @@ def scaler_for(level: str) -> scalers.DynamicScaler | scalers.NoOpScaler:
 
     Args:
       level: ``"O0"``, ``"O1"``, ``"O2"`` or ``"O3"`` (case-insensitive,
-        surrounding spaces ignored); anything else is a ``ValueError``.
+        surrounding spaces ignored); another string is a ``ValueError``, a
+        non-string a ``TypeError`` (as in `get_policy`).
     """
-    if not isinstance(level, str) or level.strip().upper() not in _PRESETS:
+    if not isinstance(level, str):
+        raise TypeError(
+            f"level must be a string, one of {LEVELS}, got {type(level).__name__} {level!r}"
+        )
+    if level.strip().upper() not in _PRESETS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     dynamic = level.strip().upper() in ("O1", "O2")
     return scalers.dynamic_scaler() if dynamic else scalers.no_op_scaler()

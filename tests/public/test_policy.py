@@ -78,6 +78,17 @@ def test_levels_pair_with_scales():
         scaler_for("O4")
 
 
+def test_scaler_for_a_non_string_is_a_type_error_as_in_get_policy():
+    # Before: ValueError, while get_policy(3) raises TypeError for the same mistake.
+    for level in (3, None, b"O1"):
+        with pytest.raises(
+            TypeError, match=r"level must be a string, one of \('O0', 'O1', 'O2', 'O3'\), got "
+        ):
+            scaler_for(level)
+    with pytest.raises(ValueError, match=r"level must be one of \('O0', 'O1', 'O2', 'O3'\)"):
+        scaler_for("O9")
+
+
 @pytest.mark.parametrize(
     "text, expect",
     [
