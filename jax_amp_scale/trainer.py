@@ -120,7 +120,8 @@ class Trainer:
             (with a ``policy``, passed through ``policy.cast_to_compute``).
           loss_fn: ``loss_fn(params, batch)`` returning a floating scalar
             loss, or ``(loss, aux)`` with ``has_aux``; a ``TypeError`` if it
-            is not callable or its loss is not a floating scalar.
+            is not callable, its loss is not a floating scalar, or with
+            ``has_aux`` it does not return a pair.
         """
         import optax
 
@@ -136,6 +137,8 @@ class Trainer:
             if policy is not None:
                 p, b = policy.cast_to_compute(p), policy.cast_to_compute(batch)
             out = loss_fn(p, b)
+            if has_aux and not (isinstance(out, tuple | list) and len(out) == 2):
+                raise TypeError("with has_aux=True, loss_fn must return a pair (loss, aux)")
             loss, aux = out if has_aux else (out, None)
             if policy is not None:
                 loss = policy.cast_to_output(loss)

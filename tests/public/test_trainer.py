@@ -114,6 +114,27 @@ def test_bad_input():
         trainer.step(params, trainer.init(params), batch, lambda p, b: p["w"])
 
 
+def test_has_aux_loss_fn_not_returning_a_pair():
+    # Before: a raw unpacking error (a scalar, three items), or a two-element
+    # loss vector silently split into loss and aux.
+    params, batch = setup()
+    trainer = jas.Trainer(optax.sgd(0.1), jas.static_scaler(8.0), has_aux=True)
+    state = trainer.init(params)
+    not_pairs = (
+        loss_fn,
+        lambda p, b: (loss_fn(p, b), 1, 2),
+        lambda p, b: jnp.stack([loss_fn(p, b), 0.0]),
+    )
+    for lf in not_pairs:
+        with pytest.raises(
+            TypeError, match=r"with has_aux=True, loss_fn must return a pair \(loss, aux\)"
+        ):
+            trainer.step(params, state, batch, lf)
+    # A list pair still works, as before (and as in jax.grad(has_aux=True)).
+    _, _, m = trainer.step(params, state, batch, lambda p, b: [loss_fn(p, b), jnp.int32(7)])
+    assert int(m["aux"]) == 7
+
+
 def test_flax_linen_model():
     nn = pytest.importorskip("flax.linen")
 
