@@ -97,6 +97,14 @@ def to_torch_state_dict(state: Any) -> dict[str, float | int]:
     }
 
 
+def _raw_key(key: Any) -> Any:
+    """One key of a pytree path as the tree spells it (a dict key, attribute or index)."""
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return getattr(key, attr)
+    return key
+
+
 def _keys(path: Any) -> list[str]:
     return [key_name(k) for k in path] or ["_"]
 
@@ -111,11 +119,25 @@ def to_state_dict(tree: PyTree) -> dict[str, Any]:
 
     Args:
       tree: any pytree: a training state, an optax state, parameters (a
-        single leaf is stored under the key ``"_"``).
+        single leaf is stored under the key ``"_"``).  Two keys of one node
+        that become the same string (``1`` and ``"1"``) are a ``ValueError``
+        naming them.
     """
     out: dict[str, Any] = {}
+    # Each string path -> the key path it came from: two keys that become the
+    # same string would overwrite or merge their entries.
+    origin: dict[tuple[str, ...], tuple[Any, ...]] = {}
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-        *parents, last = _keys(path)
+        names = _keys(path)
+        for i in range(len(path)):
+            first = origin.setdefault(tuple(names[: i + 1]), tuple(path[: i + 1]))
+            if first != tuple(path[: i + 1]):  # the same up to i: they differ at i
+                raise ValueError(
+                    f"to_state_dict: keys {_raw_key(first[i])!r} and {_raw_key(path[i])!r} "
+                    f"at {jax.tree_util.keystr(tuple(path[:i])) or 'the top level'} both "
+                    f"become {names[i]!r}; give them distinct string forms"
+                )
+        *parents, last = names
         node = out
         for k in parents:
             node = node.setdefault(k, {})

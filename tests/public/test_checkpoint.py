@@ -148,3 +148,29 @@ def test_from_state_dict_errors(midway):
     sd["skipped_steps"] = np.float32(0)
     with pytest.raises(ValueError, match=r"skipped_steps.*int32"):
         from_state_dict(state, sd)
+
+
+def test_to_state_dict_keys_that_become_the_same_string():
+    # Before: the second leaf silently overwrote the first, a sub-tree and a
+    # leaf crashed (IndexError), or two sub-trees were merged into one dict.
+    # (A plain dict cannot mix 1 and "1": JAX cannot sort its keys.)
+    from collections import OrderedDict
+
+    x, y = np.float32(1), np.float32(2)
+    trees = [
+        OrderedDict([(1, x), ("1", y)]),
+        OrderedDict([(1, {"a": x}), ("1", y)]),
+        OrderedDict([("1", x), (1, {"a": y})]),
+        OrderedDict([(1, {"a": x}), ("1", {"b": y})]),
+    ]
+    for tree in trees:
+        with pytest.raises(
+            ValueError,
+            match=r"to_state_dict: keys (1 and .1.|.1. and 1) at the top level both become .1.",
+        ):
+            to_state_dict(tree)
+    nested = {"opt": [OrderedDict([(1, x), ("1", y)])]}
+    with pytest.raises(ValueError, match=r"keys 1 and '1' at \['opt'\]\[0\] both become '1'"):
+        to_state_dict(nested)
+    # Keys that stay distinct are unchanged.
+    assert to_state_dict(OrderedDict([(1, x), ("2", y)])) == {"1": x, "2": y}
