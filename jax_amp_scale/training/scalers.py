@@ -323,8 +323,11 @@ def dynamic_scaler(
     """A `DynamicScaler`; defaults equal torch's ``GradScaler`` (2**16, 2.0, 0.5, 2000).
 
     Args:
-      init_scale: the scale of the first step (default ``2**16``); finite,
-        > 0 and finite in `dtype` (at most 65504 for a float16 scale).
+      init_scale: the scale of the first step (default ``2**16``); finite
+        and > 0; stored rounded to `dtype` (to nearest even), and a
+        ``ValueError`` unless finite once rounded: for a float16 scale,
+        values below 65520 are accepted and those above 65504 become 65504
+        (``2**16`` rounds to ``inf``).
       growth_factor: what the scale is multiplied by after `growth_interval`
         finite steps in a row (default 2.0); > 1 (a value <= 1 warns).
       backoff_factor: what the scale is multiplied by after an overflowing

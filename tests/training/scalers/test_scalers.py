@@ -217,6 +217,18 @@ def test_dynamic_bad_input(kwargs, err, match):
         jas.dynamic_scaler(**kwargs)
 
 
+def test_dynamic_float16_init_scale_is_rounded_as_documented():
+    # The init scale is rounded to the scale's dtype and checked after: in
+    # float16, 65519 is kept as 65504 and 65520 rounds to inf.  The docstring
+    # used to say "at most 65504", which the code never enforced.
+    assert float(jas.dynamic_scaler(65519.0, dtype=jnp.float16).scale) == 65504.0
+    with pytest.raises(ValueError, match=r"^init_scale=65520.0 is not finite in float16"):
+        jas.dynamic_scaler(65520.0, dtype=jnp.float16)
+    doc = " ".join(jas.dynamic_scaler.__doc__.split())
+    assert "at most 65504" not in doc
+    assert "rounded to `dtype`" in doc and "below 65520" in doc and "become 65504" in doc
+
+
 def test_dynamic_max_scale_must_fit_dtype():
     with pytest.raises(ValueError, match="max_scale"):
         jas.dynamic_scaler(1024.0, dtype=jnp.float16, max_scale=1e6)
