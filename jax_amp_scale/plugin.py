@@ -66,31 +66,38 @@ def register(
 
     Args:
       platform: the JAX platform name of the plugin (``"ascend"`` for the
-        Ascend plugin; ``"cuda"`` for the jax CUDA plugin).
+        Ascend plugin; ``"cuda"`` for the jax CUDA plugin; any case).
       library_path: the plugin's shared library.  Default: the library JAX
-        loaded for `platform` (JAX must have discovered the plugin).  A path
-        must be that same library (its ``GetPjrtApi()`` must return the API
-        JAX loaded for `platform`): a handler registered in another plugin,
-        or under a platform JAX does not run, would never be called, or
-        would be called for the wrong device.
+        loaded for `platform` (JAX must have discovered the plugin), except
+        where the plugin's Python side forwards
+        ``jax.ffi.register_ffi_target`` for `registry_platform` (as the jax
+        CUDA plugin's does): then through ``jax.ffi``, with no library.  A
+        path must be that same library (its ``GetPjrtApi()`` must return the
+        API JAX loaded for `platform`): a handler registered in another
+        plugin, or under a platform JAX does not run, would never be called,
+        or would be called for the wrong device.
       registry_platform: the platform name inside the plugin's FFI registry
-        (default: ``"CUDA"`` for cuda, else `platform`).
-      handler: an XLA FFI handler capsule (default: the Ascend handler, or the
-        CUDA one for cuda).
+        (default: ``"CUDA"`` for cuda or gpu, ``"ROCM"`` for rocm, else
+        `platform` lowercased).
+      handler: an XLA FFI handler capsule (default: the CUDA handler for
+        cuda or gpu, else the Ascend one).
       target: the custom-call target name (default: the update-scale
-        target, ``"jas_update_scale_v2"``; on Ascend, with the default handler,
-        the gradient pass ``"jas_unscale_and_check_v1"`` is registered too).
+        target, ``"jas_update_scale_v2"``; with the default handler and
+        target, on a platform other than cuda or gpu, the gradient pass
+        ``"jas_unscale_and_check_v1"`` is registered too).
 
     Returns:
       The route used: ``"jax.ffi"``, ``"pjrt"`` (C API, newer argument
       layout) or ``"pjrt-versioned"`` (C API, older layout with api_version).
 
     Idempotent: registering the same handler again returns without calling
-    the plugin.  Raises `PluginRegistrationError` when the library is not a
-    PJRT plugin or not the one JAX loaded for `platform`, has no FFI
-    extension, has an FFI extension of a version this module does not know,
-    when the plugin reports an error, or when another handler was already
-    registered here for the same target and platform.
+    the plugin.  Raises `PluginRegistrationError` when the default handler
+    was not built (the CUDA one), when without `library_path` nothing
+    forwards the registration and JAX loaded no plugin for `platform`, when
+    the library is not a PJRT plugin or not the one JAX loaded for
+    `platform`, has no FFI extension, has an FFI extension of a version this
+    module does not know, when the plugin reports an error, or when another
+    handler was already registered here for the same target and platform.
     """
     platform = str(platform).lower()
     api = None

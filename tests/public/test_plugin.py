@@ -340,3 +340,38 @@ def test_failed_automatic_registration_is_kept_not_raised():
     assert out["errors"]["cuda"].startswith(
         "automatic plugin registration: the CUDA handler was not built"
     )
+
+
+def _arg_words(fn) -> dict[str, str]:
+    """`fn`'s docstring Args entries, each joined onto one line."""
+    import inspect
+
+    args = inspect.getdoc(fn).split("Args:\n", 1)[1].split("\n\n", 1)[0]
+    out: dict[str, str] = {}
+    for line in args.splitlines():
+        m = re.match(r"  (\w+): (.*)", line)
+        if m:
+            name, out[m[1]] = m[1], m[2]
+        else:
+            out[name] += " " + line.strip()
+    return out
+
+
+def test_register_docstring_gives_the_defaults_the_code_uses():
+    # register and register_in_api both take their defaults from
+    # handlers.register_plugin; register's docstring used to say "CUDA for
+    # cuda" only, leave gpu out of the handler, and say the gradient pass is
+    # registered "on Ascend" where it is registered on any platform but cuda/gpu.
+    from jax_amp_scale import plugin
+    from jax_amp_scale.mechanisms import handlers
+
+    reg, api = _arg_words(plugin.register), _arg_words(plugin.register_in_api)
+    assert reg["registry_platform"] == api["registry_platform"]
+    assert reg["handler"] == api["handler"]
+    for lowering, registry in handlers.REGISTRY_PLATFORM.items():
+        if registry != lowering:
+            assert re.search(
+                rf'``"{registry}"`` for [\w ,]*\b{lowering}\b', reg["registry_platform"]
+            )
+    assert "on a platform other than cuda or gpu, the gradient pass" in reg["target"]
+    assert "on Ascend" not in reg["target"]
