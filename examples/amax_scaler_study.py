@@ -34,7 +34,11 @@ underflow two ways: in the run, the fraction of the float16 run's scaled
 gradient entries that are exactly zero where the float32 gradient of the
 same parameters and batch is not; and the scale's own, the fraction of the
 float32 run's gradient entries that the float16 run's scale at that step
-puts at or below 2**-25, where float16 rounds to zero.
+puts at or below 2**-25, where float16 rounds to zero.  It also counts the
+applied steps whose scaled parameter-gradient amax passed 65504: the
+parameters and their gradients are float32 here (and XLA:CPU may keep a
+float16 product in float32), so such a step is applied, where float16
+gradients would have overflowed.
 
 Output in ``--out-dir``: ``amax_study.md`` (the tables), ``amax_traces.json``
 and ``amax_scaler.png`` (scale, amax and loss over steps, the first seed),
@@ -349,6 +353,14 @@ def train_torch(cfg: lm.Config, v: Variant, data: np.ndarray, held_out: np.ndarr
     )
 
 
+def over_line(r: Run, largest: float = 65504.0) -> tuple[int, float]:
+    """Applied steps whose scaled amax passed `largest`, and the largest scaled
+    amax over `largest` among applied steps."""
+    ok = ~r.skipped & np.isfinite(r.amax)
+    used = np.where(ok, r.amax * r.scale, 0.0) / largest
+    return int(np.sum(used > 1)), float(np.max(used, initial=0.0))
+
+
 def growth(amax: np.ndarray, skipped: np.ndarray, spike_step: int | None = None) -> float:
     """log2 of the largest step-to-step growth of the (unscaled) amax over applied
     steps, the injected spike's step left out (float32 applies it)."""
@@ -575,6 +587,18 @@ def report(results: dict[tuple[str, int, str], Run], kinds: list[str], seeds: li
             r = results[(v, s, k)]
             own, own1 = underflows(results, (v, s), k, sample_every)
             cells.append(f"{r.underflow:.1e} ({r.first_underflow:.1e}) / {own:.1e} ({own1:.1e})")
+        lines.append(f"| {v} seed {s} | " + " | ".join(cells) + " |")
+    lines += ["", "Applied steps whose scaled parameter-gradient amax passed 65504, and the largest"
+              " (/ 65504): float32 here, an overflow where those gradients are float16:", ""]  # fmt: skip
+    lines += ["| run | " + " | ".join(f16) + " |", "|---" * (len(f16) + 1) + "|"]
+    for v, s in runs:
+        cells = []
+        for k in f16:
+            if (v, s, k) not in results:
+                cells.append("")
+                continue
+            n, top = over_line(results[(v, s, k)])
+            cells.append(f"{n} ({top:.2f})")
         lines.append(f"| {v} seed {s} | " + " | ".join(cells) + " |")
     spikes = {v.name: v.spike_step for v in stress}
     lines += ["", "Largest step-to-step amax growth (log2) over applied steps:", ""]
