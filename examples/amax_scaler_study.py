@@ -275,7 +275,7 @@ def floor_row(cfg: lm.Config, data: np.ndarray) -> list[float]:
 def floor_table(cfg: lm.Config, data: np.ndarray) -> str:
     """floor_row on the example's loss and on the plain mean: where the fraction
     stops falling, the zeros left are float16 arithmetic's, not the scale's."""
-    head = "| loss | " + " | ".join(f"2**{int(np.log2(s))}" for s in FLOOR_SCALES) + " |"
+    head = "| loss | " + " | ".join(f"`2**{int(np.log2(s))}`" for s in FLOOR_SCALES) + " |"
     lines = [head, "|---" * (len(FLOOR_SCALES) + 1) + "|"]
     for label, tokens in (("example's", cfg.global_batch_tokens), ("plain mean", MEAN_TOKENS)):
         row = floor_row(cfg._replace(global_batch_tokens=tokens), data)
@@ -574,20 +574,28 @@ def report(results: dict[tuple[str, int, str], Run], kinds: list[str], seeds: li
             n = len(results[(v.name, stress_seeds[0], f16[0])].scale)
             lines.append(f"| {v.name} | {n} | " + " | ".join(cells) + " |")
     runs = sorted({(v, s) for v, s, _ in results}, key=lambda vs: (vs[0] != "default", vs))
-    lines += ["", "Underflow, mean over the sampled steps after the first (the first step):",
-              "in the run (its float16 gradient is 0 where float32's, same parameters and batch, is not)"
-              " / the scale's (float32's gradient at the run's scale is at most 2**-25):", ""]  # fmt: skip
-    lines += ["| run | " + " | ".join(f16) + " |", "|---" * (len(f16) + 1) + "|"]
-    for v, s in runs:
-        cells = []
-        for k in f16:
-            if (v, s, k) not in results:
-                cells.append("")
-                continue
-            r = results[(v, s, k)]
-            own, own1 = underflows(results, (v, s), k, sample_every)
-            cells.append(f"{r.underflow:.1e} ({r.first_underflow:.1e}) / {own:.1e} ({own1:.1e})")
-        lines.append(f"| {v} seed {s} | " + " | ".join(cells) + " |")
+    titles = {
+        "in the run": "its float16 gradient is 0 where float32's (same parameters and batch) is not",
+        "the scale's own": "float32's gradient at the run's scale is at most `2**-25`",
+    }
+    for which, what in titles.items():
+        lines += ["", f"Underflow {which} ({what}), mean over the sampled steps after the "
+                  "first (the first step):", ""]  # fmt: skip
+        lines += ["| run | " + " | ".join(f16) + " |", "|---" * (len(f16) + 1) + "|"]
+        for v, s in runs:
+            cells = []
+            for k in f16:
+                if (v, s, k) not in results:
+                    cells.append("")
+                    continue
+                r = results[(v, s, k)]
+                pair = (
+                    (r.underflow, r.first_underflow)
+                    if which == "in the run"
+                    else underflows(results, (v, s), k, sample_every)
+                )
+                cells.append(f"{pair[0]:.1e} ({pair[1]:.1e})")
+            lines.append(f"| {v} seed {s} | " + " | ".join(cells) + " |")
     lines += ["", "Applied steps whose scaled parameter-gradient amax passed 65504, and the largest"
               " (/ 65504): float32 here, an overflow where those gradients are float16:", ""]  # fmt: skip
     lines += ["| run | " + " | ".join(f16) + " |", "|---" * (len(f16) + 1) + "|"]
