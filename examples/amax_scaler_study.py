@@ -574,47 +574,42 @@ def report(results: dict[tuple[str, int, str], Run], kinds: list[str], seeds: li
             n = len(results[(v.name, stress_seeds[0], f16[0])].scale)
             lines.append(f"| {v.name} | {n} | " + " | ".join(cells) + " |")
     runs = sorted({(v, s) for v, s, _ in results}, key=lambda vs: (vs[0] != "default", vs))
-    titles = {
-        "in the run": "its float16 gradient is 0 where float32's (same parameters and batch) is not",
-        "the scale's own": "float32's gradient at the run's scale is at most `2**-25`",
-    }
-    for which, what in titles.items():
-        lines += ["", f"Underflow {which} ({what}), mean over the sampled steps after the "
-                  "first (the first step):", ""]  # fmt: skip
-        lines += ["| run | " + " | ".join(f16) + " |", "|---" * (len(f16) + 1) + "|"]
+
+    def per_run(title: str, cols: list[str], cell: Any) -> list[str]:
+        """A table of one row per (variant, seed), `cell(run, v, s, k)` per
+        column; a cell is empty for a run not made."""
+        out = ["", title, "", "| run | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
         for v, s in runs:
-            cells = []
-            for k in f16:
-                if (v, s, k) not in results:
-                    cells.append("")
-                    continue
-                r = results[(v, s, k)]
-                pair = (
-                    (r.underflow, r.first_underflow)
-                    if which == "in the run"
-                    else underflows(results, (v, s), k, sample_every)
-                )
-                cells.append(f"{pair[0]:.1e} ({pair[1]:.1e})")
-            lines.append(f"| {v} seed {s} | " + " | ".join(cells) + " |")
-    lines += ["", "Applied steps whose scaled parameter-gradient amax passed 65504, and the largest"
-              " (/ 65504): float32 here, an overflow where those gradients are float16:", ""]  # fmt: skip
-    lines += ["| run | " + " | ".join(f16) + " |", "|---" * (len(f16) + 1) + "|"]
-    for v, s in runs:
-        cells = []
-        for k in f16:
-            if (v, s, k) not in results:
-                cells.append("")
-                continue
-            n, top = over_line(results[(v, s, k)])
-            cells.append(f"{n} ({top:.2f})")
-        lines.append(f"| {v} seed {s} | " + " | ".join(cells) + " |")
+            cells = [
+                cell(results[(v, s, k)], v, s, k) if (v, s, k) in results else "" for k in cols
+            ]
+            out.append(f"| {v} seed {s} | " + " | ".join(cells) + " |")
+        return out
+
+    lines += per_run(
+        "Underflow in the run (its float16 gradient is 0 where float32's (same parameters and "
+        "batch) is not), mean over the sampled steps after the first (the first step):",
+        f16,
+        lambda r, v, s, k: f"{r.underflow:.1e} ({r.first_underflow:.1e})",
+    )
+    lines += per_run(
+        "Underflow the scale's own (float32's gradient at the run's scale is at most `2**-25`), "
+        "mean over the sampled steps after the first (the first step):",
+        f16,
+        lambda r, v, s, k: "{:.1e} ({:.1e})".format(*underflows(results, (v, s), k, sample_every)),
+    )
+    lines += per_run(
+        "Applied steps whose scaled parameter-gradient amax passed 65504, and the largest"
+        " (/ 65504): float32 here, an overflow where those gradients are float16:",
+        f16,
+        lambda r, v, s, k: "{} ({:.2f})".format(*over_line(r)),
+    )
     spikes = {v.name: v.spike_step for v in stress}
-    lines += ["", "Largest step-to-step amax growth (log2) over applied steps:", ""]
-    lines += ["| run | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
-    for v, s in runs:
-        cells = [f"{growth(results[(v, s, k)].amax, results[(v, s, k)].skipped, spikes.get(v)):.2f}"
-                 if (v, s, k) in results else "" for k in kinds]  # fmt: skip
-        lines.append(f"| {v} seed {s} | " + " | ".join(cells) + " |")
+    lines += per_run(
+        "Largest step-to-step amax growth (log2) over applied steps:",
+        kinds,
+        lambda r, v, s, k: f"{growth(r.amax, r.skipped, spikes.get(v)):.2f}",
+    )
     return "\n".join(lines) + "\n"
 
 
