@@ -68,6 +68,7 @@ def test_bad_flags():
         demo.train(0)
 
 
+@pytest.mark.slow
 def test_module_entry_point(tmp_path):
     r = subprocess.run(
         [

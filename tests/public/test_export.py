@@ -41,6 +41,7 @@ def _run_worker(*args: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_round_trip_in_a_fresh_process_gives_the_unexported_bits(tmp_path):
     # This process exports and serializes each step and runs it unexported;
     # a fresh one (no library call before) deserializes every artifact, runs

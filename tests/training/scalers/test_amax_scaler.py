@@ -227,6 +227,7 @@ def test_hand_written_loop_with_optimizer_step():
     assert float(k.scale) == 2.0**19 and int(k.reason) == 0
 
 
+@pytest.mark.slow
 def test_axis_name_pmax_and_vmap():
     _params, g = params_and_grads()
     k = m4()
