@@ -35,12 +35,12 @@ gradient entries that are exactly zero where the float32 gradient of the
 same parameters and batch is not; and the scale's own, the fraction of the
 float32 run's gradient entries that the float16 run's scale at that step
 puts at or below 2**-25, where float16 rounds to zero.  It also counts the
-applied steps whose scaled parameter-gradient amax passed 65504: the
-parameters and their gradients are float32 here (and XLA:CPU may keep a
-float16 product in float32), so such a step is applied, where float16
-gradients would have overflowed.
+applied steps whose scaled gradient amax on the float16-path leaves (the
+Linear layers, ``FLOAT16_PATH``) passed 65504: the parameters and their
+gradients are float32 here, so such a step is applied.
 
-Output in ``--out-dir``: ``amax_study.md`` (the tables), ``amax_traces.json``
+Output in ``--out-dir``: ``amax_study.md`` (the tables), ``amax_study.json``
+(one record per run: what tools/figures.py publishes), ``amax_traces.json``
 and ``amax_scaler.png`` (scale, amax and loss over steps, the first seed),
 ``amax_scaler_accum8-mean.png`` (the same for that variant); each run
 is kept in ``runs/`` and reused by a later call (``--rerun amax`` trains
@@ -86,6 +86,7 @@ class Run(NamedTuple):
     scale: np.ndarray
     skipped: np.ndarray  # bool per step
     amax: np.ndarray  # unscaled float32 amax of the parameters' gradients per step
+    amax_f16: np.ndarray  # the same over the float16-path leaves (FLOAT16_PATH) only
     eval_loss: float
     underflow: float  # mean sampled fraction after the first step (nan for float32)
     first_underflow: float  # the first step's fraction
@@ -121,8 +122,20 @@ def scaler_for(kind: str, v: Variant, cfg: lm.Config) -> Any:
 AMAX_INIT = {"amax": 1.0, "amax16": 2.0**16}
 
 
-def amax_of(tree: Any) -> jax.Array:
-    return jnp.max(jnp.stack([jnp.max(jnp.abs(g)) for g in jax.tree.leaves(tree)]))
+# The leaves whose gradient a float16 matrix product computes (the Linear
+# layers); the LayerNorm, embedding and position leaves stay float32 in this
+# recipe, as under torch autocast, and cannot overflow float16.
+FLOAT16_PATH = ("qkv", "proj", "fc", "out", "head")
+
+
+def on_float16_path(name: str) -> bool:
+    return any(f"'{m}'" in name or f".{m}." in name for m in FLOAT16_PATH)
+
+
+def amax_of(tree: Any, float16_path_only: bool = False) -> jax.Array:
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    keep = [g for k, g in flat if not float16_path_only or on_float16_path(jax.tree_util.keystr(k))]
+    return jnp.max(jnp.stack([jnp.max(jnp.abs(g)) for g in keep]))
 
 
 def tiny_counts(g32: Any) -> jax.Array:
@@ -183,11 +196,12 @@ def train_jax(cfg: lm.Config, kind: str, v: Variant, data: np.ndarray, held_out:
     def step(p: Any, st: Any, win: jax.Array, spike: jax.Array) -> tuple:
         scale = scale_of(st)
         mults = spike * scale
-        total, losses, amax = None, [], jnp.float32(0)
+        total, losses, amax, amax16 = None, [], jnp.float32(0), jnp.float32(0)
         for w in jnp.split(win, k):
             g, mean = jax.grad(objective, has_aux=True)(p, w, mults)
             losses.append(mean)
             amax = jnp.maximum(amax, amax_of(g))  # scaled units
+            amax16 = jnp.maximum(amax16, amax_of(g, float16_path_only=True))
             if kind == "float32" and k > 1:
                 total = g if total is None else jax.tree.map(jnp.add, total, g)
             else:
@@ -196,13 +210,14 @@ def train_jax(cfg: lm.Config, kind: str, v: Variant, data: np.ndarray, held_out:
         if kind == "float32" and k > 1:
             u, st = tx.update(jax.tree.map(lambda t: t / k, total), st, p)
             p = optax.apply_updates(p, u)
-        return p, st, jnp.mean(jnp.stack(losses)), scale, amax / scale
+        return p, st, jnp.mean(jnp.stack(losses)), scale, amax / scale, amax16 / scale
 
     @jax.jit
     def step32(p: Any, st: Any, win: jax.Array, spike: jax.Array) -> tuple:
         g, mean = jax.grad(objective, has_aux=True)(p, win, spike)
         u, st = tx.update(g, st, p)
-        return optax.apply_updates(p, u), st, mean, jnp.float32(1), amax_of(g)
+        amax16 = amax_of(g, float16_path_only=True)
+        return optax.apply_updates(p, u), st, mean, jnp.float32(1), amax_of(g), amax16
 
     @jax.jit
     def sample32(p: Any, win: jax.Array) -> jax.Array:
@@ -216,7 +231,7 @@ def train_jax(cfg: lm.Config, kind: str, v: Variant, data: np.ndarray, held_out:
 
     run_step = step32 if (kind == "float32" and k == 1) else step
     starts = lm.batch_starts(len(data), cfg)
-    out: dict[str, list] = {"loss": [], "scale": [], "amax": [], "skipped": []}
+    out: dict[str, list] = {"loss": [], "scale": [], "amax": [], "amax_f16": [], "skipped": []}
     fractions, tiny = [], []
     t0 = time.perf_counter()
     for i in range(cfg.steps):
@@ -229,10 +244,11 @@ def train_jax(cfg: lm.Config, kind: str, v: Variant, data: np.ndarray, held_out:
             fractions.append(sample(params, win, scale_of(opt_state)))
         if kind == "float32" and sampled(i, sample_every):
             tiny.append(sample32(params, win))
-        params, opt_state, loss, scale, amax = run_step(params, opt_state, win, spike)
+        params, opt_state, loss, scale, amax, amax16 = run_step(params, opt_state, win, spike)
         out["loss"].append(loss)
         out["scale"].append(scale)
         out["amax"].append(amax)
+        out["amax_f16"].append(amax16)
         if kind == "float32":
             out["skipped"].append(jnp.bool_(False))
         else:
@@ -243,6 +259,7 @@ def train_jax(cfg: lm.Config, kind: str, v: Variant, data: np.ndarray, held_out:
         got["scale"].astype(np.float32),
         got["skipped"].astype(bool),
         got["amax"].astype(np.float32),
+        got["amax_f16"].astype(np.float32),
         lm.evaluate(cfg, graph32, params, held_out),
         float(np.mean(jax.device_get(fractions[1:]))) if fractions[1:] else float("nan"),
         float(jax.device_get(fractions[0])) if fractions else float("nan"),
@@ -272,15 +289,45 @@ def floor_row(cfg: lm.Config, data: np.ndarray) -> list[float]:
     return [float(fraction(params, win, jnp.float32(s))) for s in FLOOR_SCALES]
 
 
-def floor_table(cfg: lm.Config, data: np.ndarray) -> str:
+def floor_rows(cfg: lm.Config, data: np.ndarray) -> dict[str, list[float]]:
     """floor_row on the example's loss and on the plain mean: where the fraction
     stops falling, the zeros left are float16 arithmetic's, not the scale's."""
+    return {
+        label: floor_row(cfg._replace(global_batch_tokens=tokens), data)
+        for label, tokens in (("example's", cfg.global_batch_tokens), ("plain mean", MEAN_TOKENS))
+    }
+
+
+def floor_table(rows: dict[str, list[float]]) -> str:
     head = "| loss | " + " | ".join(f"`2**{int(np.log2(s))}`" for s in FLOOR_SCALES) + " |"
     lines = [head, "|---" * (len(FLOOR_SCALES) + 1) + "|"]
-    for label, tokens in (("example's", cfg.global_batch_tokens), ("plain mean", MEAN_TOKENS)):
-        row = floor_row(cfg._replace(global_batch_tokens=tokens), data)
+    for label, row in rows.items():
         lines.append(f"| {label} | " + " | ".join(f"{f:.1e}" for f in row) + " |")
     return "\n".join(lines)
+
+
+def records(results: dict[tuple[str, int, str], Run], stress: list[Variant],
+            sample_every: int) -> list[dict[str, Any]]:  # fmt: skip
+    """One plain record per run: the figures the tables and the docs show."""
+    spikes = {v.name: v.spike_step for v in stress}
+    out = []
+    for (v, s, k), r in results.items():
+        over16, top16 = over_line(r)
+        over_all, top_all = over_line(r, float16_path_only=False)
+        own, own_first = underflows(results, (v, s), k, sample_every)
+        out.append({
+            "variant": v, "seed": s, "kind": k, "steps": len(r.scale),
+            "skipped": int(r.skipped.sum()), "skipped_at": np.flatnonzero(r.skipped).tolist(),
+            "eval_loss": r.eval_loss, "underflow": r.underflow,
+            "first_underflow": r.first_underflow, "scale_underflow": own,
+            "first_scale_underflow": own_first,
+            "mean_log2_scale": float(np.mean(np.log2(r.scale))),
+            "past_65504_float16_path": over16, "largest_float16_path": top16,
+            "past_65504_all_leaves": over_all, "largest_all_leaves": top_all,
+            "growth_log2": growth(r.amax, r.skipped, spikes.get(v)),
+            "seconds": r.seconds,
+        })  # fmt: skip
+    return out
 
 
 def train_torch(cfg: lm.Config, v: Variant, data: np.ndarray, held_out: np.ndarray,
@@ -297,7 +344,7 @@ def train_torch(cfg: lm.Config, v: Variant, data: np.ndarray, held_out: np.ndarr
     factor = float(objective_factor(cfg))
     starts = lm.batch_starts(len(data), cfg)
     k = v.accumulate
-    losses, scales, skipped, amaxes, fractions = [], [], [], [], []
+    losses, scales, skipped, amaxes, amaxes16, fractions = [], [], [], [], [], []
 
     def xent(logits: Any, win: Any) -> Any:
         return F.cross_entropy(logits.reshape(-1, lm.VOCAB), win[:, 1:].reshape(-1))
@@ -328,13 +375,16 @@ def train_torch(cfg: lm.Config, v: Variant, data: np.ndarray, held_out: np.ndarr
             mean = xent(logits, w)
             mean_sum += mean.item()
             scaler.scale(mean * factor * spike / k).backward()
-        amax = max(float(p.grad.abs().max()) for p in model.parameters() if p.grad is not None)
+        grads = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+        amax = max(float(g.abs().max()) for _, g in grads)
+        amax16 = max(float(g.abs().max()) for n, g in grads if on_float16_path(f".{n}."))
         scaler.step(opt)
         scaler.update()
         losses.append(mean_sum / k)
         scales.append(scale)
         skipped.append(scaler.get_scale() < scale)
         amaxes.append(amax / scale)
+        amaxes16.append(amax16 / scale)
     model.eval()
     ev = held_out
     win = torch.from_numpy(lm.windows(ev, lm.eval_starts(len(ev), cfg), cfg.context)).long()
@@ -345,6 +395,7 @@ def train_torch(cfg: lm.Config, v: Variant, data: np.ndarray, held_out: np.ndarr
         np.asarray(scales, np.float32),
         np.asarray(skipped, bool),
         np.asarray(amaxes, np.float32),
+        np.asarray(amaxes16, np.float32),
         float(np.mean(evals)),
         float(np.mean(fractions[1:])) if fractions[1:] else float("nan"),
         float(fractions[0]) if fractions else float("nan"),
@@ -353,11 +404,14 @@ def train_torch(cfg: lm.Config, v: Variant, data: np.ndarray, held_out: np.ndarr
     )
 
 
-def over_line(r: Run, largest: float = 65504.0) -> tuple[int, float]:
-    """Applied steps whose scaled amax passed `largest`, and the largest scaled
-    amax over `largest` among applied steps."""
-    ok = ~r.skipped & np.isfinite(r.amax)
-    used = np.where(ok, r.amax * r.scale, 0.0) / largest
+def over_line(
+    r: Run, largest: float = 65504.0, float16_path_only: bool = True
+) -> tuple[int, float]:
+    """Applied steps whose scaled amax (of the float16-path leaves, or of all)
+    passed `largest`, and the largest scaled amax over `largest` among applied steps."""
+    amax = r.amax_f16 if float16_path_only else r.amax
+    ok = ~r.skipped & np.isfinite(amax)
+    used = np.where(ok, amax * r.scale, 0.0) / largest
     return int(np.sum(used > 1)), float(np.max(used, initial=0.0))
 
 
@@ -475,11 +529,20 @@ def main(argv: list[str] | None = None) -> int:
                 results[(v.name, seed, kind)] = one(cfg, kind, v)
 
     text = report(results, kinds, seeds, stress, stress_seeds, args.steps, args.sample_every)
+    floors = floor_rows(base._replace(seed=seeds[0]), data)
     text += (
         f"\nIn-run underflow at the first step's weights and batch (seed {seeds[0]}) "
-        f"against the scale:\n\n{floor_table(base._replace(seed=seeds[0]), data)}\n"
+        f"against the scale:\n\n{floor_table(floors)}\n"
     )
     (args.out_dir / "amax_study.md").write_text(text)
+    summary = {
+        "settings": {"steps": args.steps, "seeds": seeds, "stress_seeds": stress_seeds,
+                     "kinds": kinds, "layers": args.layers, "d_model": args.d_model,
+                     "sample_every": args.sample_every, "margin_default": 5},
+        "runs": records(results, stress, args.sample_every),
+        "floor": {"scales": FLOOR_SCALES, **floors},
+    }  # fmt: skip
+    (args.out_dir / "amax_study.json").write_text(json.dumps(summary, indent=1))
     print(text)
     traces = {f"{v}/{s}/{k}": {"amax": r.amax.tolist(), "scale": r.scale.tolist(),
                               "skipped": r.skipped.tolist()} for (v, s, k), r in results.items()}  # fmt: skip
@@ -599,8 +662,9 @@ def report(results: dict[tuple[str, int, str], Run], kinds: list[str], seeds: li
         lambda r, v, s, k: "{:.1e} ({:.1e})".format(*underflows(results, (v, s), k, sample_every)),
     )
     lines += per_run(
-        "Applied steps whose scaled parameter-gradient amax passed 65504, and the largest"
-        " (/ 65504): float32 here, an overflow where those gradients are float16:",
+        "Applied steps whose scaled gradient amax on the float16-path leaves (the Linear"
+        " layers; LayerNorm, embedding and position left out) passed 65504, and the largest"
+        " (/ 65504):",
         f16,
         lambda r, v, s, k: "{} ({:.2f})".format(*over_line(r)),
     )

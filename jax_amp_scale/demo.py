@@ -21,6 +21,7 @@ for matplotlib; without it the plot is skipped with a message).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -282,6 +283,20 @@ def summary_table(
     return "\n".join(out)
 
 
+def summary_figures(result: RunResult, baseline: RunResult | None = None) -> dict[str, Any]:
+    """The summary's figures as plain numbers (``--json``)."""
+    out: dict[str, Any] = {
+        "steps": len(result.loss),
+        "skipped_at": np.flatnonzero(result.skipped).tolist(),
+        "final_scale": float(jas.find_scale_state(result.opt_state).scale),
+        "last_batch_loss": float(result.loss[-1]),
+        "eval_loss": result.eval_loss,
+    }
+    if baseline is not None:
+        out["baseline_eval_loss"] = baseline.eval_loss
+    return out
+
+
 def _beside(result: RunResult, baseline: RunResult | None) -> str:
     if baseline is None:
         return ""
@@ -397,6 +412,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write the summary's figures to PATH as JSON "
+        "(tools/figures.py records README's from it)",
+    )
+    parser.add_argument(
         "--quiet",
         action="store_true",
         help="no progress output (a bar on a terminal, lines otherwise); "
@@ -422,6 +443,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("training the float32 (O0) baseline ...", file=sys.stderr, flush=True)
         baseline = train(args.steps, "O0", "none", (), seed=args.seed)
     print(summary_table(result, level=args.level, scale=args.scale, baseline=baseline))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary_figures(result, baseline), f, indent=1)
     title = f"{args.level} / scale {args.scale}, adam, {args.steps} steps"
     if not args.no_plot and plot(result, args.out, baseline=baseline, title=title):
         print(f"plot written to {args.out}")

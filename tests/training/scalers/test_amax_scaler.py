@@ -341,6 +341,9 @@ def test_study_script_runs(tmp_path):
     table = (tmp_path / "amax_study.md").read_text()
     assert "| amax | 0 |" in table and "| spike |" in table
     assert json.loads((tmp_path / "amax_traces.json").read_text())["default/0/amax"]["amax"]
+    runs = json.loads((tmp_path / "amax_study.json").read_text())["runs"]
+    assert {(r["variant"], r["kind"]) for r in runs} >= {("default", "amax"), ("spike", "dynamic")}
+    assert all(r["past_65504_float16_path"] <= r["past_65504_all_leaves"] for r in runs)
 
 
 def test_orbax_round_trip_continues(tmp_path):
