@@ -41,6 +41,7 @@ extensions = [
     "docstring_style",
     "public_api_coverage",
     "api_pages",
+    "figures_role",
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}

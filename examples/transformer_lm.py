@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import sys
 import sysconfig
@@ -313,6 +314,23 @@ def smoothed(loss: np.ndarray, step: int) -> float:
     return float(np.mean(loss[max(0, step - 10) : step]))
 
 
+def figures_of(results: dict[str, RunResult], zeros: dict[str, float], cfg: Config) -> dict:
+    """The table's figures as plain numbers (``--json``)."""
+    marks = table_steps(len(next(iter(results.values())).loss))
+    return {
+        "config": cfg._asdict(),
+        "modes": {
+            mode: {
+                "smoothed_loss": {str(m): float(smoothed(r.loss, m)) for m in marks},
+                "eval_loss": float(r.eval_loss),
+                "grad_zeros_at_init": float(zeros[mode]),
+                "final_scale": float(r.scale[-1]) if len(r.scale) else None,
+            }
+            for mode, r in results.items()
+        },
+    }
+
+
 def write_tables(results: dict[str, RunResult], zeros: dict[str, float], out: Path) -> str:
     marks = table_steps(len(next(iter(results.values())).loss))
     header = ["mode", *[f"step {m}" for m in marks], "eval loss", "grad zeros at init"]
@@ -391,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         "--track-tol", type=float, default=0.05, help="|eval(fp16+scaling) - eval(fp32)| at most"
     )
     p.add_argument("--behind-min", type=float, default=0.1, help="eval(fp16) - eval(fp32) at least")
+    p.add_argument("--json", type=Path, help="also write the table's figures to this JSON file")
     args = p.parse_args(argv)
     cfg = Config(**{f: getattr(args, f) for f in Config._fields})
     modes = [m for m in args.modes.split(",") if m]
@@ -413,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     print(write_tables(results, zeros, args.out_dir), end="")
+    if args.json:
+        args.json.write_text(json.dumps(figures_of(results, zeros, cfg), indent=1) + "\n")
     if "float16+scaling" in results and plot(results, cfg, args.out_dir / "transformer_lm.png"):
         print(f"wrote {args.out_dir / 'transformer_lm.png'}")
 
