@@ -467,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", default="float32,dynamic,torch,amax,amax16")
     p.add_argument("--stress", default=",".join(STRESS), help="'' for none")
     p.add_argument("--stress-seeds", default=None, help="the stress variants' (default: --seeds)")
+    p.add_argument("--stress-kinds", default=None, help="the stress variants' (default: --kinds)")
     p.add_argument("--sample-every", type=int, default=25)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--d-model", type=int, default=64, help="the model's width (heads: 4)")
@@ -478,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     kinds = [k for k in args.kinds.split(",") if k]
+    stress_kinds = kinds if args.stress_kinds is None else args.stress_kinds.split(",")
     seeds = [int(s) for s in args.seeds.split(",") if s]
     stress_seeds = (
         seeds if args.stress_seeds is None else [int(s) for s in args.stress_seeds.split(",")]
@@ -523,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = base._replace(seed=seed, steps=v.steps or args.steps)
             if v.global_batch_tokens is not None:
                 cfg = cfg._replace(global_batch_tokens=v.global_batch_tokens)
-            for kind in kinds:
+            for kind in stress_kinds:
                 if kind in AMAX_INIT and kind != "amax" and v.init_scale is not None:
                     continue  # the variant sets the first scale: the amax run itself
                 results[(v.name, seed, kind)] = one(cfg, kind, v)
@@ -536,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     (args.out_dir / "amax_study.md").write_text(text)
     summary = {
-        "settings": {"steps": args.steps, "seeds": seeds, "stress_seeds": stress_seeds,
+        "settings": {"steps": args.steps, "seeds": seeds, "stress_seeds": stress_seeds, "stress_kinds": stress_kinds,
                      "kinds": kinds, "layers": args.layers, "d_model": args.d_model,
                      "sample_every": args.sample_every, "margin_default": 5},
         "runs": records(results, stress, args.sample_every),

@@ -29,7 +29,7 @@ ROLE = re.compile(r"\{fig\}`([^`]+)`")
 # number with 3+ decimals (a loss), or a target's status.  A threshold
 # ("at most 1.0x", "within 10%") is a target, not a measurement.
 FIGURE = re.compile(
-    r"(?<![\w.*^/=+-])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\s?(?:x|×|%|ms|us|µs)(?!\w)"
+    r"(?<![\w.*^/=+-])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\s?(?:x|\u00d7|%|ms|us|\u00b5s)(?!\w)"
     r"|(?<![\w.])\d\.\d{3,}(?!\w)"
     r"|\bnot met\b|\bmet\b|\bmissed\b"
 )
@@ -46,7 +46,8 @@ def _scrub(text: str) -> str:
 
 def typed_figures(text: str) -> list[str]:
     found = []
-    for line in _scrub(text).splitlines():
+    for para in re.split(r"\n\s*\n", _scrub(text)):
+        line = " ".join(para.split())
         for m in FIGURE.finditer(line):
             if not THRESHOLD.search(line[: m.start()]):
                 found.append(f"{m.group(0)!r} in: {line.strip()[:100]}")
