@@ -153,10 +153,7 @@ class AmaxScaler(ScalerBase):
         """
         check_backend(backend)  # checked, then unused: the rule is pure JAX
         found = found_flag(found_inf, self.state, axis_name).reshape(())
-        a = jnp.zeros((), jnp.float32) if amax is None else jnp.asarray(amax, jnp.float32)
-        a = a.reshape(())
-        if axis_name is not None:
-            a = jax.lax.pmax(a, axis_name)
+        a = _scalar_amax(amax, axis_name)
         per: jax.Array | None
         if not self.leaf_paths:
             per = None  # not asked for (and no empty array: orbax refuses those)
@@ -222,6 +219,21 @@ class AmaxScaler(ScalerBase):
             return {}
         values = np.asarray(jax.device_get(self.leaf_amax), np.float64).reshape(-1)
         return dict(zip(self.leaf_paths, values.tolist(), strict=True))
+
+
+def _scalar_amax(amax: Any, axis_name: Hashable | None) -> jax.Array:
+    """`update`'s ``amax`` as a float32 scalar (0 for None), max-reduced over
+    `axis_name`; another shape is refused here, at trace time (a reshape
+    would fail inside jax with a message that names no argument)."""
+    a = jnp.zeros((), jnp.float32) if amax is None else jnp.asarray(amax, jnp.float32)
+    if a.shape not in ((), (1,)):
+        raise ValueError(
+            f"amax must be a scalar, shape () or (1,); got shape {a.shape}. It is the "
+            "step's largest |gradient| over all leaves; per-leaf maxima go to leaf_amax "
+            "(with amax_scaler(per_leaf=...)), their max to amax"
+        )
+    a = a.reshape(())
+    return a if axis_name is None else jax.lax.pmax(a, axis_name)
 
 
 def _ceil_log2(n: int) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 from pathlib import Path
 
 import jax
@@ -296,6 +297,32 @@ def test_bad_update_arguments_name_the_argument():
         k.update(False, amax=1.0, backend="bogus")
     with pytest.raises(ValueError, match=r"backend must be one of .*'bogus'"):
         k.unscale_and_update(params, update_backend="bogus")
+
+
+@pytest.mark.parametrize(
+    "amax", [jnp.array([1.0, 2.0]), np.ones((2, 1), np.float32), jnp.ones((1, 1)), [0.5] * 3]
+)
+def test_amax_of_another_shape_names_the_argument(amax):
+    # Per-leaf maxima passed as amax= raised jax's own "cannot reshape array
+    # of shape (2,)" from inside jax; (1, 1) was silently taken.
+    k = m4()
+    shape = np.shape(amax)
+    want = (
+        rf"amax must be a scalar, shape \(\) or \(1,\); got shape {re.escape(str(shape))}.*"
+        r"per-leaf maxima go to leaf_amax"
+    )
+    with pytest.raises(ValueError, match=want):
+        k.update(False, amax=amax)
+    with pytest.raises(ValueError, match=want):  # at trace time, under jit
+        jax.jit(lambda a: k.update(False, amax=a))(jnp.asarray(amax))
+
+
+def test_amax_of_shape_one_is_taken():
+    k = m4()
+    for amax in (jnp.float32(4094 / 2.0**10), jnp.array([4094 / 2.0**10]), 4094 / 2.0**10):
+        new = k.update(False, amax=amax)
+        assert float(new.scale) == 2.0**10 and new.amax.shape == ()
+        assert float(new.amax) == np.float32(4094 / 2.0**10)
 
 
 def test_update_over_axis_name_reduces_every_amax():
