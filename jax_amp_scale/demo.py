@@ -206,13 +206,7 @@ def train(
       growth_interval: of the dynamic scale (the demo is short; torch's
         default of 2000 would never grow within it).
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
-    if not isinstance(level, str) or level.upper() not in LEVELS:
-        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-    bad = [s for s in inject if not 0 <= int(s) < steps]
-    if bad:
-        raise ValueError(f"inject steps must lie in [0, {steps}), got {bad}")
+    _check_train_arguments(steps, level, inject)
     policy: Policy = get_policy(level)
     scaler = make_scaler(scale, level, growth_interval)
     x, y = make_data(seed)
@@ -233,10 +227,7 @@ def train(
         if progress and ((t + 1) % every == 0 or t + 1 == steps):
             _progress(t + 1, steps, float(metrics["loss"]), float(metrics["scale"]))
     hist = jax.device_get(history)
-    full = {"x": x, "y": y, "poison": np.bool_(False)}
-    eval_loss = float(
-        jax.jit(lambda p: loss_fn(policy.cast_to_compute(p), policy.cast_to_compute(full)))(params)
-    )
+    eval_loss = _loss_on_all_data(policy, params, x, y)
     seconds = time.perf_counter() - t0
     return RunResult(
         loss=np.array([h["loss"] for h in hist], np.float32),
@@ -248,6 +239,25 @@ def train(
         opt_state=state,
         eval_loss=eval_loss,
         seconds=seconds,
+    )
+
+
+def _check_train_arguments(steps: Any, level: Any, inject: Sequence[int]) -> None:
+    """`train`'s arguments, checked before anything is built."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    if not isinstance(level, str) or level.upper() not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    bad = [s for s in inject if not 0 <= int(s) < steps]
+    if bad:
+        raise ValueError(f"inject steps must lie in [0, {steps}), got {bad}")
+
+
+def _loss_on_all_data(policy: Policy, params: Any, x: Any, y: Any) -> float:
+    """The trained model's loss on the whole data set (no poisoned step)."""
+    full = {"x": x, "y": y, "poison": np.bool_(False)}
+    return float(
+        jax.jit(lambda p: loss_fn(policy.cast_to_compute(p), policy.cast_to_compute(full)))(params)
     )
 
 
@@ -316,16 +326,8 @@ def plot(
     `baseline` (a float32 O0 run) is drawn on the loss panel; skipped steps
     are marked on both panels; the title carries the growth interval.
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(
-            "matplotlib is not installed (pip install 'jax-amp-scale[demo]'): skipping the plot",
-            file=sys.stderr,
-        )
+    plt = _pyplot()
+    if plt is None:
         return False
     steps = np.arange(len(result.loss))
     fig, (ax1, ax2) = plt.subplots(2, 1, sharex=True, figsize=(7, 5.5))
@@ -367,6 +369,22 @@ def plot(
     return True
 
 
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend; None (and a message) without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(
+            "matplotlib is not installed (pip install 'jax-amp-scale[demo]'): skipping the plot",
+            file=sys.stderr,
+        )
+        return None
+    return plt
+
+
 def _int_list(text: str) -> list[int]:
     if not text.strip():
         return []
@@ -378,7 +396,8 @@ def _int_list(text: str) -> list[int]:
         ) from None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m jax_amp_scale.demo``."""
     parser = argparse.ArgumentParser(
         prog="python -m jax_amp_scale.demo",
         description="Train a small MLP in float16 with dynamic loss scaling (synthetic data).",
@@ -423,6 +442,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="no progress output (a bar on a terminal, lines otherwise); "
         "the summary is still printed",
     )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     inject = [s for s in args.inject if s < args.steps]
     try:

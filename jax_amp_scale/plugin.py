@@ -54,6 +54,20 @@ def _check_is_loaded_plugin(platform: str, path: str, api: int) -> None:
         )
 
 
+def _library_api(platform: str, library_path: str | os.PathLike[str], handler: Any) -> int:
+    """The PJRT API table of `library_path`, checked to be the plugin JAX
+    loaded for `platform` (`register`'s ``library_path``)."""
+    if handler is None:
+        handlers.default_handler(platform)  # a handler that was not built: say so first
+    try:
+        plugin_module = importlib.import_module("jax_amp_scale._native_plugin")
+        api: int = plugin_module.api_from_library(os.fspath(library_path))
+    except RuntimeError as e:
+        raise PluginRegistrationError(str(e)) from None
+    _check_is_loaded_plugin(platform, os.fspath(library_path), api)
+    return api
+
+
 def register(
     platform: str = "ascend",
     library_path: str | os.PathLike[str] | None = None,
@@ -100,16 +114,7 @@ def register(
     handler was already registered here for the same target and platform.
     """
     platform = str(platform).lower()
-    api = None
-    if library_path is not None:
-        if handler is None:
-            handlers.default_handler(platform)  # a handler that was not built: say so first
-        try:
-            plugin_module = importlib.import_module("jax_amp_scale._native_plugin")
-            api = plugin_module.api_from_library(os.fspath(library_path))
-        except RuntimeError as e:
-            raise PluginRegistrationError(str(e)) from None
-        _check_is_loaded_plugin(platform, os.fspath(library_path), api)
+    api = None if library_path is None else _library_api(platform, library_path, handler)
     try:
         return handlers.register_plugin(
             platform, api, registry_platform=registry_platform, handler=handler, target=target

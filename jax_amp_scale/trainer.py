@@ -130,21 +130,7 @@ class Trainer:
 
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
-        policy, has_aux = self.policy, self.has_aux
-
-        def scaled(p: PyTree) -> tuple[jax.Array, tuple[jax.Array, Any]]:
-            b = batch
-            if policy is not None:
-                p, b = policy.cast_to_compute(p), policy.cast_to_compute(batch)
-            out = loss_fn(p, b)
-            if has_aux and not (isinstance(out, tuple | list) and len(out) == 2):
-                raise TypeError("with has_aux=True, loss_fn must return a pair (loss, aux)")
-            loss, aux = out if has_aux else (out, None)
-            if policy is not None:
-                loss = policy.cast_to_output(loss)
-            scaling.check_scalar_loss(loss, "loss_fn", has_aux)
-            return scaling.scale_loss(loss, state), (loss, aux)
-
+        scaled = self._scaled_loss(loss_fn, batch, state)
         grads, (loss, aux) = jax.grad(scaled, has_aux=True)(params)
         if self.axis_name is not None:
             grads = replicas.mean_gradients(grads, self.axis_name, loss=loss)
@@ -165,6 +151,28 @@ class Trainer:
         if self.has_aux:
             metrics["aux"] = aux
         return new_params, new_state, metrics
+
+    def _scaled_loss(
+        self, loss_fn: Callable[..., Any], batch: Any, state: Any
+    ) -> Callable[[PyTree], tuple[jax.Array, tuple[jax.Array, Any]]]:
+        """``params -> (scaled loss, (loss, aux))``: `loss_fn` under the policy,
+        its result checked, for ``jax.grad(..., has_aux=True)``."""
+        policy, has_aux = self.policy, self.has_aux
+
+        def scaled(p: PyTree) -> tuple[jax.Array, tuple[jax.Array, Any]]:
+            b = batch
+            if policy is not None:
+                p, b = policy.cast_to_compute(p), policy.cast_to_compute(batch)
+            out = loss_fn(p, b)
+            if has_aux and not (isinstance(out, tuple | list) and len(out) == 2):
+                raise TypeError("with has_aux=True, loss_fn must return a pair (loss, aux)")
+            loss, aux = out if has_aux else (out, None)
+            if policy is not None:
+                loss = policy.cast_to_output(loss)
+            scaling.check_scalar_loss(loss, "loss_fn", has_aux)
+            return scaling.scale_loss(loss, state), (loss, aux)
+
+        return scaled
 
 
 def _outcome(state: Any, new_state: Any) -> dict[str, jax.Array]:

@@ -153,47 +153,9 @@ class AmaxScaler(ScalerBase):
         """
         check_backend(backend)  # checked, then unused: the rule is pure JAX
         found = found_flag(found_inf, self.state, axis_name).reshape(())
-        a = jnp.zeros((), jnp.float32) if amax is None else jnp.asarray(amax, jnp.float32)
-        a = a.reshape(())
-        if axis_name is not None:
-            a = jax.lax.pmax(a, axis_name)
-        per: jax.Array | None
-        if not self.leaf_paths:
-            per = None  # not asked for (and no empty array: orbax refuses those)
-        elif leaf_amax is None:
-            per = self.leaf_amax
-        else:
-            per = jnp.asarray(leaf_amax, jnp.float32)
-            if per.shape != (len(self.leaf_paths),):
-                raise ValueError(
-                    f"leaf_amax must have shape ({len(self.leaf_paths)},), one amax per floating "
-                    f"leaf that amax_scaler(per_leaf=...) named; got shape {per.shape} (pass "
-                    f"per_leaf a tree shaped like the gradients)"
-                )
-            if axis_name is not None:
-                per = jax.lax.pmax(per, axis_name)
-        e_lo, e_hi = _log2_exact(self.min_scale), _log2_exact(self.max_scale)
-        e_s = jnp.frexp(self.state.scale.reshape(()).astype(jnp.float32))[1] - 1  # log2(scale)
-        k = self._room(a)  # largest k with a * 2**k <= target
-        measured = amax is not None
-        # A finite step: the rule, growth at most x2 once a step has been measured.
-        grow = jnp.where(self.finite_steps > 0, jnp.minimum(k, _GROWTH_LOG2), k)
-        k_fin = grow if measured else jnp.zeros((), jnp.int32)
-        # A non-finite step: back off (at least x1/2, more if the finite entries
-        # ask for it) when the finite entries had reached the target line, for
-        # the first max_backoffs such steps in a row, and then when the run's
-        # length is a power of two (a NaN the model makes walks the scale down
-        # only logarithmically in its length); else hold.  Before any finite
-        # step nothing is known: from above 1, fall to the probe scale 1 at once.
-        run = self.run
-        explained = a >= jnp.float32(self.target)
-        first = self.finite_steps == 0
-        above = first & (e_s > 0)
-        back = above | explained | (run < self.max_backoffs) | (((run + 1) & run) == 0)
-        k_off = jnp.minimum(k, 0) - 1
-        k_off = jnp.where(first, jnp.minimum(k_off, jnp.where(e_s > 0, -e_s, 0)), k_off)
-        k_bad = jnp.where(back, k_off, 0)
-        e_new = jnp.clip(e_s + jnp.where(found, k_bad, k_fin), e_lo, e_hi)
+        a = _scalar_amax(amax, axis_name)
+        per = self._next_leaf_amax(leaf_amax, axis_name)
+        e_new, back = self._next_exponent(found, a, measured=amax is not None)
         scale = jnp.ldexp(jnp.float32(1.0), e_new.astype(jnp.int32))
         reason = jnp.where(found, jnp.where(back, _OVERFLOW, _NOT_SCALE), _FINITE)
         return dataclasses.replace(
@@ -209,6 +171,49 @@ class AmaxScaler(ScalerBase):
             leaf_amax=per,
         )
 
+    def _next_leaf_amax(self, leaf_amax: Any, axis_name: Hashable | None) -> jax.Array | None:
+        """`update`'s ``leaf_amax``, checked and max-reduced over `axis_name`."""
+        if not self.leaf_paths:
+            return None  # not asked for (and no empty array: orbax refuses those)
+        if leaf_amax is None:
+            return self.leaf_amax
+        per = jnp.asarray(leaf_amax, jnp.float32)
+        if per.shape != (len(self.leaf_paths),):
+            raise ValueError(
+                f"leaf_amax must have shape ({len(self.leaf_paths)},), one amax per floating "
+                f"leaf that amax_scaler(per_leaf=...) named; got shape {per.shape} (pass "
+                f"per_leaf a tree shaped like the gradients)"
+            )
+        return per if axis_name is None else jax.lax.pmax(per, axis_name)
+
+    def _next_exponent(
+        self, found: jax.Array, a: jax.Array, *, measured: bool
+    ) -> tuple[jax.Array, jax.Array]:
+        """The rule: log2 of the next scale (clipped), and whether a non-finite
+        step backs off (reason 1) rather than holds (reason 2)."""
+        e_lo, e_hi = _log2_exact(self.min_scale), _log2_exact(self.max_scale)
+        e_s = jnp.frexp(self.state.scale.reshape(()).astype(jnp.float32))[1] - 1  # log2(scale)
+        k = self._room(a)  # largest k with a * 2**k <= target
+        # A finite step: the rule, growth at most x2 once a step has been measured.
+        grow = jnp.where(self.finite_steps > 0, jnp.minimum(k, _GROWTH_LOG2), k)
+        k_fin = grow if measured else jnp.zeros((), jnp.int32)
+        # A non-finite step: back off (at least x1/2, more if the finite entries
+        # ask for it) when the finite entries had reached the target line, for
+        # the first max_backoffs such steps in a row, and then when the run's
+        # length is a power of two (a NaN the model makes walks the scale down
+        # only logarithmically in its length); else hold.  Before any finite
+        # step nothing is known: from above 1, fall to the probe scale 1 at once
+        # (or lower, if the back-off asks for it).
+        run = self.run
+        explained = a >= jnp.float32(self.target)
+        first = self.finite_steps == 0
+        above = first & (e_s > 0)
+        back = above | explained | (run < self.max_backoffs) | (((run + 1) & run) == 0)
+        k_off = jnp.minimum(k, 0) - 1
+        k_off = jnp.where(first, jnp.minimum(k_off, jnp.where(e_s > 0, -e_s, 0)), k_off)
+        k_bad = jnp.where(back, k_off, 0)
+        return jnp.clip(e_s + jnp.where(found, k_bad, k_fin), e_lo, e_hi), back
+
     def _room(self, a: jax.Array) -> jax.Array:
         """int32: the largest k with ``a * 2**k <= target`` (exact; large for a == 0)."""
         m_t, e_t = math.frexp(self.target)
@@ -222,6 +227,21 @@ class AmaxScaler(ScalerBase):
             return {}
         values = np.asarray(jax.device_get(self.leaf_amax), np.float64).reshape(-1)
         return dict(zip(self.leaf_paths, values.tolist(), strict=True))
+
+
+def _scalar_amax(amax: Any, axis_name: Hashable | None) -> jax.Array:
+    """`update`'s ``amax`` as a float32 scalar (0 for None), max-reduced over
+    `axis_name`; another shape is refused here, at trace time (a reshape
+    would fail inside jax with a message that names no argument)."""
+    a = jnp.zeros((), jnp.float32) if amax is None else jnp.asarray(amax, jnp.float32)
+    if a.shape not in ((), (1,)):
+        raise ValueError(
+            f"amax must be a scalar, shape () or (1,); got shape {a.shape}. It is the "
+            "step's largest |gradient| over all leaves; per-leaf maxima go to leaf_amax "
+            "(with amax_scaler(per_leaf=...)), their max to amax"
+        )
+    a = a.reshape(())
+    return a if axis_name is None else jax.lax.pmax(a, axis_name)
 
 
 def _ceil_log2(n: int) -> int:
@@ -271,53 +291,64 @@ def amax_scaler(
 ) -> AmaxScaler:
     """An `AmaxScaler`: a power-of-two scale set from the step's amax, ahead of overflow.
 
-    The rule (``F``: the largest finite value of `compute_dtype`, 65504 for
-    float16; ``M = margin + ceil(log2(micro_batches))``; ``T = F / 2**M``;
-    ``a``: the step's amax, the largest absolute gradient among the finite entries,
-    in scaled units, measured at scale ``s``; ``k(a)``: the largest integer
-    with ``a * 2**k <= T``, +inf for ``a == 0``)::
+    The rule (``F``: the largest finite value of `compute_dtype`, 65504 for float16;
+    ``M = margin + ceil(log2(micro_batches))``; ``T = F / 2**M``; ``a``: the step's amax, the
+    largest absolute gradient among the finite entries, in scaled units, measured at scale
+    ``s``; ``k(a)``: the largest integer with ``a * 2**k <= T``, +inf for ``a == 0``)::
 
       finite step:      next = s * 2**min(k(a), 1)      (first finite step: s * 2**k(a))
-      non-finite step, no finite step yet and s > 1:  next = 1  (the probe scale)
+      non-finite step, no finite step yet and s > 1:  next = min(1, s * 2**(min(k(a), 0) - 1))
+                        (the probe scale 1, lower if the finite entries ask; reason 1)
       non-finite step, a >= T or run < max_backoffs or run + 1 a power of two:
                         next = s * 2**(min(k(a), 0) - 1)          (reason 1: overflow)
       other non-finite: next = s        (reason 2: not the scale's doing)
       next = clip(next, min_scale, max_scale)
 
-    so decreases take effect at once, increases are at most x2 per step,
-    and the scale stays a power of two (unscaling is exact).  ``run`` is
-    the number of non-finite steps in a row before this one: a NaN the
-    model makes walks the scale down by ``max_backoffs + log2(length)``
-    halvings, not to `min_scale`.  A non-finite step is skipped as with any
+    so decreases take effect at once, increases are at most x2 per step, and the scale stays a
+    power of two (unscaling is exact).  ``run`` is the number of non-finite steps in a row
+    before this one: a NaN the model makes walks the scale down by ``max_backoffs +
+    log2(length)`` halvings, not to `min_scale`.  A non-finite step is skipped as with any
     scaler (``drop_overflow_update``).
 
     Args:
-      margin: log2 of the headroom kept below ``F`` (default 5, measured on
-        the transformer example: docs/guide/amax-scaler.md); an int in [0, 24].
-      init_scale: the first step's scale (default 1.0: no gradient that is
-        finite unscaled can overflow at 1; the first finite step then jumps
-        straight to the rule's scale); a power of two in [min_scale, max_scale].
-      min_scale, max_scale: powers of two bounding the scale (defaults
-        2**-24 and 2**24; for bfloat16/float32 compute, whose ``F`` is
-        ~3e38, ``max_scale`` is the scale in practice).
-      micro_batches: gradients averaged into one step (accumulation window
-        times replicas); adds ``ceil(log2(micro_batches))`` to the margin,
-        since the amax is read from the average.  An int >= 1.
-      max_backoffs: non-finite steps in a row that back off although the
-        finite entries stayed below ``T`` (an inf in one place or NaNs
-        that may or may not be the scale's); after them only the 8th, 16th,
-        32nd, ... in a row do, so a NaN the model makes does not walk the
+      margin: log2 of the headroom kept below ``F`` (default 5, measured on the transformer
+        example: docs/guide/amax-scaler.md); an int in [0, 24].
+      init_scale: the first step's scale (default 1.0: no gradient that is finite unscaled can
+        overflow at 1; the first finite step then jumps straight to the rule's scale); a power
+        of two in [min_scale, max_scale].
+      min_scale, max_scale: powers of two bounding the scale (defaults 2**-24 and 2**24; for
+        bfloat16/float32 compute, whose ``F`` is ~3e38, ``max_scale`` is the scale in practice).
+      micro_batches: gradients averaged into one step (accumulation window times replicas);
+        adds ``ceil(log2(micro_batches))`` to the margin, since the amax is read from the
+        average.  An int >= 1.
+      max_backoffs: non-finite steps in a row that back off although the finite entries stayed
+        below ``T`` (an inf in one place or NaNs that may or may not be the scale's); after them
+        only the 8th, 16th, 32nd, ... in a row do, so a NaN the model makes does not walk the
         scale to `min_scale`, and a real overflow is still left.  Int in [0, 64].
-      compute_dtype: the dtype the backward pass runs in: ``float16``
-        (default), ``bfloat16`` or ``float32``.
-      per_leaf: None (default), or a pytree shaped like the gradients (the
-        params): the last step's amax is then kept per floating leaf, named
-        by ``jax.tree_util.keystr`` path (`AmaxScaler.leaf_report`).
+      compute_dtype: the dtype the backward pass runs in: ``float16`` (default), ``bfloat16``
+        or ``float32``.
+      per_leaf: None (default), or a pytree shaped like the gradients (the params): the last
+        step's amax is then kept per floating leaf, named by ``jax.tree_util.keystr`` path
+        (`AmaxScaler.leaf_report`).
       drop_overflow_update: skip non-finite steps (default True).
     """
-    m = _int_in(margin, "margin", 0, 24)
-    k = _int_in(micro_batches, "micro_batches", 1, INT32_MAX)
-    nb = _int_in(max_backoffs, "max_backoffs", 0, 64)
+    m, k, nb = _checked_counts(margin, micro_batches, max_backoffs)
+    lo, hi, init = _checked_scales(min_scale, max_scale, init_scale)
+    name, paths = _compute_dtype_name(compute_dtype), _leaf_paths(per_leaf)
+    return _fresh(init, m, k, lo, hi, nb, name, paths, drop_overflow_update)
+
+
+def _checked_counts(margin: Any, micro_batches: Any, max_backoffs: Any) -> tuple[int, int, int]:
+    """`amax_scaler`'s int arguments, each in its range."""
+    return (
+        _int_in(margin, "margin", 0, 24),
+        _int_in(micro_batches, "micro_batches", 1, INT32_MAX),
+        _int_in(max_backoffs, "max_backoffs", 0, 64),
+    )
+
+
+def _checked_scales(min_scale: Any, max_scale: Any, init_scale: Any) -> tuple[float, float, float]:
+    """``(min_scale, max_scale, init_scale)``: powers of two, init_scale between the others."""
     lo = _power_of_two(min_scale, "min_scale")
     hi = _power_of_two(max_scale, "max_scale")
     init = _power_of_two(init_scale, "init_scale")
@@ -325,18 +356,42 @@ def amax_scaler(
         raise ValueError(
             f"init_scale ({init}) must lie within [min_scale, max_scale] = [{lo}, {hi}]"
         )
+    return lo, hi, init
+
+
+def _compute_dtype_name(compute_dtype: Any) -> str:
     try:
         name = jnp.dtype(compute_dtype).name
     except TypeError:
         name = repr(compute_dtype)
     if name not in _COMPUTE_DTYPES:
         raise ValueError(f"compute_dtype must be one of {', '.join(_COMPUTE_DTYPES)}; got {name}")
-    paths: tuple[str, ...] = ()
-    if per_leaf is not None:
-        flat, _ = jax.tree_util.tree_flatten_with_path(per_leaf)
-        paths = tuple(jax.tree_util.keystr(p) for p, x in flat if is_float_leaf(x))
-        if not paths:
-            raise ValueError("per_leaf must be a pytree with floating leaves (the params), or None")
+    return name
+
+
+def _leaf_paths(per_leaf: PyTree) -> tuple[str, ...]:
+    """The keystr paths of `per_leaf`'s floating leaves; () for None."""
+    if per_leaf is None:
+        return ()
+    flat, _ = jax.tree_util.tree_flatten_with_path(per_leaf)
+    paths = tuple(jax.tree_util.keystr(p) for p, x in flat if is_float_leaf(x))
+    if not paths:
+        raise ValueError("per_leaf must be a pytree with floating leaves (the params), or None")
+    return paths
+
+
+def _fresh(
+    init: float,
+    margin: int,
+    micro_batches: int,
+    min_scale: float,
+    max_scale: float,
+    max_backoffs: int,
+    compute_dtype: str,
+    leaf_paths: tuple[str, ...],
+    drop_overflow_update: bool,
+) -> AmaxScaler:
+    """A scaler before its first step, at scale `init` (its arguments checked)."""
     f32 = functools.partial(jnp.zeros, (), jnp.float32)
     i32 = functools.partial(jnp.zeros, (), jnp.int32)
     return AmaxScaler(
@@ -346,14 +401,14 @@ def amax_scaler(
         jnp.full((), _NO_STEP, jnp.int32),
         i32(),
         i32(),
-        jnp.zeros((len(paths),), jnp.float32) if paths else None,
-        m,
-        k,
-        lo,
-        hi,
-        nb,
-        name,
-        paths,
+        jnp.zeros((len(leaf_paths),), jnp.float32) if leaf_paths else None,
+        margin,
+        micro_batches,
+        min_scale,
+        max_scale,
+        max_backoffs,
+        compute_dtype,
+        leaf_paths,
         drop_overflow_update,
     )
 

@@ -386,9 +386,10 @@ class _Step:
             self.inner.update(grads, state.inner_state, params, **extra_args)
         )
         bad = self.nonfinite_update(updates, new_updates, params)
-        # The scale goes to the host report by its bits (XLA:CPU would flush a
-        # subnormal scale to 0 on the way).
-        scale_bits = float32_bits(new_scaler.scale)
+        # The scales go to the host report by their bits (XLA:CPU would flush a
+        # subnormal scale to 0 on the way); the previous one tells the step
+        # where the scale became 0 from the ones after it.
+        scale_bits = float32_bits(new_scaler.scale), float32_bits(state.scaler.scale)
         skipped = self.skip(found, bad, scale_bits, overflows, state.total_steps)
         return zeros_where(skipped, new_updates), LossScaledState(
             scaler=new_scaler,
@@ -412,11 +413,17 @@ class _Step:
         return jnp.logical_not(all_finite(new))
 
     def skip(
-        self, found: Any, bad: jax.Array | None, scale_bits: Any, overflows: Any, total: Any
+        self,
+        found: Any,
+        bad: jax.Array | None,
+        scale_bits: tuple[Any, Any],
+        overflows: Any,
+        total: Any,
     ) -> jax.Array:
         """Whether the step is skipped: one scalar ``lax.cond`` on the overflow
         flag, whose branches run the host reports (never on a plain step); a
-        report returns the flag it was given: using it keeps the report."""
+        report returns the flag it was given: using it keeps the report.
+        `scale_bits`: the new and the previous scale's float32 bits."""
         drop = self.scaler.drop_overflow_update
 
         def overflow() -> jax.Array:
@@ -426,7 +433,8 @@ class _Step:
                 # JAX raises its error as JaxRuntimeError on every dispatch path
                 # (a native call's by path), at the cost of the Python path here.
                 route = "reference" if self.on_overflow.limit is not None else self.pass_backend
-                seen = host_report(self.on_overflow, found, scale_bits, overflows, backend=route)
+                new, previous = scale_bits
+                seen = host_report(self.on_overflow, found, new, overflows, previous, backend=route)
                 skip = skip & seen  # seen is found: True in this branch
             return skip
 

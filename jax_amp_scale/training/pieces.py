@@ -56,6 +56,22 @@ def _wait(step: Any, operands: tuple[Any, Any]) -> tuple[Any, Any]:
     return zeros, jax.tree_util.tree_map(typed_as, operands[1], shapes[1])
 
 
+def _zero_sums(params: Any) -> Any:
+    """A window's empty sums: zeros like each floating leaf, a placeholder
+    int32 0 for the others."""
+    return jax.tree_util.tree_map(
+        lambda p: jnp.zeros_like(p) if is_float_leaf(p) else jnp.zeros((), jnp.int32), params
+    )
+
+
+def _add(acc: Any, updates: Any) -> Any:
+    """The window's sums after `updates`, in the sums' dtypes (torch's ``.grad``);
+    a leaf that is not floating is passed as it comes."""
+    return jax.tree_util.tree_map(
+        lambda a, g: (a + g).astype(a.dtype) if is_float_leaf(g) else g, acc, updates
+    )
+
+
 def _restart(emit: jax.Array, acc: Any, total: Any) -> Any:
     """The next window's sums: zeros after the k-th call (a select, not a
     product, so no NaN survives), else `total`."""
@@ -100,21 +116,14 @@ def accumulate_gradients(
     inner = optax.with_extra_args_support(inner)
 
     def init_fn(params: Any) -> AccumulationState:
-        acc = jax.tree_util.tree_map(
-            lambda p: jnp.zeros_like(p) if is_float_leaf(p) else jnp.zeros((), jnp.int32), params
-        )
-        return AccumulationState(inner.init(params), jnp.zeros((), jnp.int32), acc)
+        return AccumulationState(inner.init(params), jnp.zeros((), jnp.int32), _zero_sums(params))
 
     def update_fn(
         updates: Any, state: AccumulationState, params: Any = None, **extra_args: Any
     ) -> tuple[Any, AccumulationState]:
         if not isinstance(state, AccumulationState):
             raise TypeError(f"state must be an AccumulationState, got {type(state).__name__}")
-        total = jax.tree_util.tree_map(
-            lambda a, g: (a + g).astype(a.dtype) if is_float_leaf(g) else g,
-            state.acc_grads,
-            updates,
-        )
+        total = _add(state.acc_grads, updates)
         emit = state.mini_step == k_ - 1
 
         def step(operands: tuple[Any, Any]) -> tuple[Any, Any]:

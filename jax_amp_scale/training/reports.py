@@ -39,10 +39,11 @@ class OverflowReport:
         self.floor = floor
         self.dynamic = dynamic
 
-    def __call__(self, found: Any, scale_bits: Any, count: Any) -> None:
+    def __call__(self, found: Any, scale_bits: Any, count: Any, previous_bits: Any) -> None:
         if not np.asarray(found).any():
             return
-        # The scale's float32 bits: a subnormal scale is still > 0 here.
+        # The scales' float32 bits (the step's new scale, the one it ran at):
+        # a subnormal scale is still > 0 here.
         scale = from_float32_bits(scale_bits)
         count = np.asarray(count)
         if self.limit is not None and (count >= self.limit).any():
@@ -65,6 +66,11 @@ class OverflowReport:
         if not self.dynamic:
             return
         if (scale == 0).any():
+            # A zero scale stays 0 and every later step overflows too: said on
+            # the step it becomes 0 (for each member of a population), not on
+            # each later one, whose new count would get past Python's filter.
+            if not ((scale == 0) & (from_float32_bits(previous_bits) != 0)).any():
+                return
             warn(
                 f"loss_scaled: the scale is 0 after {int(count.max())} overflowing steps in a "
                 "row and cannot grow back: a zero scale makes every gradient 0, which "

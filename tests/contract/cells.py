@@ -5,7 +5,7 @@ Every row is driven the same way: a tiny linear model whose loss is
 (the scales are powers of two), fed a scripted sequence of batches with
 inf/NaN injected at known steps.  The oracle is independent of the library:
 torch's ``_amp_update_scale_`` for the scale (or the fixed scale; for
-`amax_scaler` its documented rule, written here over the step's amax), the
+`amax_scaler` a brute force over powers of two, tests/_amax_oracle.py), the
 overflow decision computed with NumPy on the scaled gradients, torch's
 ``clip_grad_norm_`` for clipping, and the plain optax step (never given an
 overflowing window) for the parameters.
@@ -21,7 +21,6 @@ import copy
 import dataclasses
 import functools
 import hashlib
-import math
 import pickle
 from collections.abc import Callable
 from functools import partial
@@ -34,6 +33,7 @@ import optax
 
 import jax_amp_scale as jas
 from jax_amp_scale.optax import accumulate_gradients, clip_grad_norm, loss_scaled, optimizer_step
+from tests import _amax_oracle as amax_oracle
 
 LR, MOMENTUM = 0.25, 0.5
 INIT_SCALE, GROWTH_INTERVAL, STATIC_SCALE = 16.0, 2, 8.0
@@ -275,43 +275,12 @@ class Expected:
     skipped: int
 
 
-# amax_scaler's defaults (its docstring and docs/guide/amax-scaler.md).
-AMAX_TARGET = 65504.0 / 2**5  # float16's largest finite / 2**margin
-AMAX_BOUNDS = (2.0**-24, 2.0**24)
-AMAX_MAX_BACKOFFS = 4
-
-
 def _amax_rule(micro_batches: int) -> Callable[[bool, float], float]:
-    """amax_scaler's documented rule, step by step, in Python floats."""
-    target = AMAX_TARGET / 2 ** (micro_batches - 1).bit_length()
-    st = {"scale": 1.0, "run": 0, "finite": 0}
-
-    def room(a: float) -> int:
-        """The largest k with a * 2**k <= target (a power of two moves no bit)."""
-        if a == 0:
-            return 10_000
-        return max(k for k in range(-400, 400) if math.ldexp(a, k) <= target)
-
-    def advance(found: bool, a: float) -> float:
-        s = st["scale"]
-        if not found:
-            k = room(a)
-            nxt = math.ldexp(s, k if st["finite"] == 0 else min(k, 1))
-            st["finite"] += 1
-            st["run"] = 0
-        else:
-            run = st["run"]
-            if st["finite"] == 0 and s > 1:
-                nxt = 1.0
-            elif a >= target or run < AMAX_MAX_BACKOFFS or (run + 1) & run == 0:
-                nxt = math.ldexp(s, min(room(a), 0) - 1)
-            else:
-                nxt = s
-            st["run"] = run + 1
-        st["scale"] = min(max(nxt, AMAX_BOUNDS[0]), AMAX_BOUNDS[1])
-        return st["scale"]
-
-    return advance
+    """amax_scaler's scale after each step (its defaults, `micro_batches`):
+    the brute force of tests/_amax_oracle.py, which tries every power of two
+    between min_scale and max_scale against the step's amax."""
+    brute = amax_oracle.Oracle(amax_oracle.Config(micro_batches=micro_batches))
+    return lambda found, amax: brute.step(found, amax)[0]
 
 
 def _torch_rule(rule: str) -> Callable[[bool], float]:

@@ -350,6 +350,43 @@ def test_scale_reaching_zero_or_floor_warns():
         jax.block_until_ready(jax.jit(tx.update)(jnp.ones(1), st, jnp.zeros(1)))
 
 
+@pytest.mark.parametrize("limit", [None, 1000])  # the native report; the callback's route
+def test_zero_scale_warns_once_per_run(limit):
+    # A zero scale never grows back, so every later step overflows; the
+    # warning came on each of them, each with its own count, so Python's
+    # default filter showed them all (84 in 84 steps).  Said once: on the
+    # step the scale becomes 0, in each run that gets there.
+    tx = loss_scaled(optax.sgd(1.0), jas.dynamic_scaler(2.0**-148), max_consecutive_overflows=limit)
+    upd = jax.jit(tx.update)
+    for _run in range(2):  # a second run of the same transformation is told again
+        st = tx.init(jnp.zeros(1))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for _ in range(22):  # 2**-148 -> 2**-149 -> 0, then 20 steps at 0
+                _, st = upd(jnp.full(1, jnp.nan), st, jnp.zeros(1))
+                jax.block_until_ready(st)
+        zero = [str(w.message) for w in seen if "the scale is 0" in str(w.message)]
+        assert float(st.scale) == 0.0 and int(st.consecutive_overflows) == 22
+        assert len(zero) == 1, zero
+        assert zero[0].startswith("loss_scaled: the scale is 0 after 2 overflowing steps")
+
+
+def test_zero_scale_warning_per_member_of_a_population():
+    # Under vmap each member that reaches 0 is told once, on its own step.
+    tx = loss_scaled(optax.sgd(1.0), jas.dynamic_scaler(2.0**-148))
+    other = loss_scaled(optax.sgd(1.0), jas.dynamic_scaler(2.0**-146))  # 0 two steps later
+    upd = jax.jit(jax.vmap(tx.update))
+    st = jax.tree.map(lambda *m: jnp.stack(m), tx.init(jnp.zeros(1)), other.init(jnp.zeros(1)))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(10):
+            _, st = upd(jnp.full((2, 1), jnp.nan), st, jnp.zeros((2, 1)))
+            jax.block_until_ready(st)
+    zero = [str(w.message) for w in seen if "the scale is 0" in str(w.message)]
+    np.testing.assert_array_equal(st.scale, [0.0, 0.0])
+    assert [m.split(" overflowing")[0][-1] for m in zero] == ["2", "4"], zero
+
+
 def test_host_reports_off_for_jax_export():
     """Host reports cannot be serialized: host_reports=False exports
     (serialized and deserialized; tests/public/test_export.py runs it in a fresh

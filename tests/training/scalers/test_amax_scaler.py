@@ -3,16 +3,18 @@ overflow fallback, NaNs that are not the scale's, and every place a scaler goes.
 
 The oracle is independent of the implementation: the expected scales are
 literals worked out by hand from the documented rule (float16, margin 4
-(the default is 5):
-target T = 65504 / 16 = 4094; on a finite step the next scale is the
-largest power of two S with g * S <= T, g the unscaled amax, at most twice
-the scale, the first finite step unbounded; clip to [2**-24, 2**24]).
+(the default is 5): target T = 65504 / 16 = 4094; on a finite step the next
+scale is the largest power of two S with g * S <= T, g the unscaled amax, at
+most twice the scale, the first finite step unbounded; clip to [2**-24,
+2**24]), and every step of `drive` is also checked against the brute force
+of tests/_amax_oracle.py.
 """
 
 from __future__ import annotations
 
 import json
 import pickle
+import re
 from pathlib import Path
 
 import jax
@@ -29,6 +31,7 @@ from jax_amp_scale.optax import (
     loss_scaled,
     optimizer_step,
 )
+from tests import _amax_oracle as amax_oracle
 
 
 def m4(**kwargs):
@@ -39,13 +42,33 @@ def m4(**kwargs):
 TRACES = Path(__file__).resolve().parents[2] / "fixtures" / "amax_traces.json"
 
 
+def brute_force(scaler):
+    """The brute-force oracle (tests/_amax_oracle.py) where `scaler` stands."""
+    config = amax_oracle.Config(
+        scaler.margin,
+        scaler.micro_batches,
+        scaler.min_scale,
+        scaler.max_scale,
+        scaler.max_backoffs,
+        scaler.compute_dtype,
+        init_scale=float(scaler.scale),
+    )
+    brute = amax_oracle.Oracle(config)
+    brute.run, brute.finite_steps = int(scaler.run), int(scaler.finite_steps)
+    return brute
+
+
 def drive(scaler, steps):
-    """Feeds (found_inf, unscaled amax) per step; returns the scales used and the reasons."""
+    """Feeds (found_inf, unscaled amax) per step; returns the scales used and
+    the reasons, each step also checked against the brute force."""
     scales, reasons = [float(scaler.scale)], []
+    brute = brute_force(scaler)
     for found, g in steps:
-        scaler = scaler.update(jnp.bool_(found), amax=jnp.float32(g * float(scaler.scale)))
+        a = np.float32(g * float(scaler.scale))
+        scaler = scaler.update(jnp.bool_(found), amax=jnp.float32(a))
         scales.append(float(scaler.scale))
         reasons.append(int(scaler.reason))
+        assert (scales[-1], reasons[-1]) == brute.step(found, float(a)), (found, g)
     return scales, reasons, scaler
 
 
@@ -296,6 +319,32 @@ def test_bad_update_arguments_name_the_argument():
         k.update(False, amax=1.0, backend="bogus")
     with pytest.raises(ValueError, match=r"backend must be one of .*'bogus'"):
         k.unscale_and_update(params, update_backend="bogus")
+
+
+@pytest.mark.parametrize(
+    "amax", [jnp.array([1.0, 2.0]), np.ones((2, 1), np.float32), jnp.ones((1, 1)), [0.5] * 3]
+)
+def test_amax_of_another_shape_names_the_argument(amax):
+    # Per-leaf maxima passed as amax= raised jax's own "cannot reshape array
+    # of shape (2,)" from inside jax; (1, 1) was silently taken.
+    k = m4()
+    shape = np.shape(amax)
+    want = (
+        rf"amax must be a scalar, shape \(\) or \(1,\); got shape {re.escape(str(shape))}.*"
+        r"per-leaf maxima go to leaf_amax"
+    )
+    with pytest.raises(ValueError, match=want):
+        k.update(False, amax=amax)
+    with pytest.raises(ValueError, match=want):  # at trace time, under jit
+        jax.jit(lambda a: k.update(False, amax=a))(jnp.asarray(amax))
+
+
+def test_amax_of_shape_one_is_taken():
+    k = m4()
+    for amax in (jnp.float32(4094 / 2.0**10), jnp.array([4094 / 2.0**10]), 4094 / 2.0**10):
+        new = k.update(False, amax=amax)
+        assert float(new.scale) == 2.0**10 and new.amax.shape == ()
+        assert float(new.amax) == np.float32(4094 / 2.0**10)
 
 
 def test_update_over_axis_name_reduces_every_amax():
