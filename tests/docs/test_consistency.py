@@ -225,3 +225,48 @@ def test_the_overflow_error_is_named_as_users_receive_it_in_every_sentence_and_d
         if "FloatingPointError" in sentence and users_get.rsplit(".", 1)[-1] not in sentence
     ]
     assert not bad, "\n".join(bad)
+
+
+# ---- a frozen run's likely causes -----------------------------------------
+
+
+def _sections(page: Path) -> list[tuple[str, str]]:
+    """``(heading, prose)`` per section of the page, code blocks left out."""
+    parts = re.split(r"^(#{1,6} .*)$", _prose(page), flags=re.M)
+    heads = ["(top)", *parts[1::2]]
+    return [
+        (h.lstrip("# ").strip(), " ".join(body.split()))
+        for h, body in zip(heads, parts[::2], strict=True)
+    ]
+
+
+def test_multisteps_around_is_no_cause_of_a_frozen_run():
+    """optax.MultiSteps around loss_scaled raises TypeError at init, so it can
+    never be why a run is frozen: no list of the likely causes (a page's
+    section, the runaway warning itself) names it."""
+    assert FACTS["multisteps"]["around_status"] == "TypeError"
+    bad = [
+        f"{_where(page)} ({heading}): lists MultiSteps among the likely causes"
+        for page in PAGES
+        for heading, prose in _sections(page)
+        if re.search(r"likely causes?", prose) and "MultiSteps" in prose
+    ]
+    import warnings
+
+    import numpy as np
+
+    from jax_amp_scale.training import reports
+
+    report = reports.OverflowReport(limit=None, floor=None, dynamic=True)
+    bits = np.array(np.float32(1.0)).view(np.uint32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report(np.array(True), bits, np.array(reports.RUNAWAY_WARNING))
+    runaway = [str(w.message) for w in caught if "overflowing steps in a row" in str(w.message)]
+    assert runaway, [str(w.message) for w in caught]
+    bad += [f"the runaway warning: {m}" for m in runaway if "MultiSteps" in m]
+    with pytest.raises(FloatingPointError) as raised:
+        reports.OverflowReport(limit=3, floor=None, dynamic=True)(np.array(True), bits, np.array(3))
+    if "MultiSteps" in str(raised.value):
+        bad.append(f"the max_consecutive_overflows error: {raised.value}")
+    assert not bad, "\n".join(bad)
