@@ -270,3 +270,36 @@ def test_multisteps_around_is_no_cause_of_a_frozen_run():
     if "MultiSteps" in str(raised.value):
         bad.append(f"the max_consecutive_overflows error: {raised.value}")
     assert not bad, "\n".join(bad)
+
+
+# ---- the scalers ----------------------------------------------------------
+
+
+def _scaler_constructors() -> set[str]:
+    import jax_amp_scale
+
+    return {name for name in jax_amp_scale.__all__ if name.endswith("_scaler")}
+
+
+NUMBER_WORDS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
+
+
+def test_the_scalers_the_training_guide_lists_are_the_public_constructors():
+    constructors = _scaler_constructors()
+    assert len(constructors) >= 4, constructors  # amax, dynamic, no_op, static at least
+    text = (DOCS / "guide" / "training.md").read_text()
+    section = text.split("\n## Scalers\n", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in section.splitlines() if line.startswith("| ")]
+    listed = {m for line in table for m in re.findall(r"jas\.(\w+_scaler)\(", line)}
+    assert listed == constructors, (
+        f"the Scalers table builds {listed}, the package has {constructors}"
+    )
+    count = re.search(r"\b(\w+) kinds share one interface", " ".join(section.split()))
+    assert count, "the Scalers section no longer says how many kinds share the interface"
+    assert NUMBER_WORDS.get(count.group(1).lower()) == len(constructors), count.group(0)
+
+
+def test_the_landing_page_names_every_scaler():
+    constructors = _scaler_constructors()
+    named = set(re.findall(r"\b(\w+_scaler)\b", _prose(DOCS / "index.md")))
+    assert named == constructors, f"docs/index.md names {named}, the package has {constructors}"
