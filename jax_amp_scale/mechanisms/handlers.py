@@ -65,9 +65,11 @@ BACKENDS: tuple[str, ...] = ("auto", "reference", "ffi")
 CANN_PLATFORMS = frozenset({"ascend", "npu"})
 
 # Where "auto" prefers the native handler (where one is registered), with
-# any number of devices: on Ascend the native operator is the point of the
-# library; on CPU the native calls are faster than the reference, on CUDA
-# not (XLA fuses the reference there): bench/RESULTS.md.
+# any number of devices: on CPU the native calls measured faster than the
+# reference (bench/RESULTS.md); on Ascend the native operators are CANN's
+# own, the point of the library there (never run on an NPU, not measured).
+# Not on CUDA: its handler has never run on a GPU, and nothing was measured
+# there.  docs/_facts.toml ([auto]) says the same; tests/docs checks it.
 AUTO_NATIVE = {
     UPDATE_SCALE: frozenset({"cpu"}) | CANN_PLATFORMS,
     UNSCALE_AND_CHECK: frozenset({"cpu"}) | CANN_PLATFORMS,

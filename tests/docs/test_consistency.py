@@ -303,3 +303,97 @@ def test_the_landing_page_names_every_scaler():
     constructors = _scaler_constructors()
     named = set(re.findall(r"\b(\w+_scaler)\b", _prose(DOCS / "index.md")))
     assert named == constructors, f"docs/index.md names {named}, the package has {constructors}"
+
+
+# ---- what "auto" picks, per platform --------------------------------------
+
+# Pages another change rewrites at the moment: a check they fail is marked
+# xfail(strict=True) for them, so that it turns into a failure (and the mark
+# must go) as soon as they say it right.  README.md's replacement text is in
+# issue 44.
+REWRITTEN_ELSEWHERE = {"README.md", "docs/performance.md"}
+
+
+def _pages_marking_rewritten(failing: set[str]) -> list:
+    """PAGES as pytest params; those in REWRITTEN_ELSEWHERE and `failing` xfail strictly."""
+    return [
+        pytest.param(
+            page,
+            id=_where(page),
+            marks=[pytest.mark.xfail(strict=True, reason="rewritten in another change")]
+            if _where(page) in REWRITTEN_ELSEWHERE and _where(page) in failing
+            else [],
+        )
+        for page in PAGES
+    ]
+
+
+def test_the_auto_facts_are_what_the_code_picks():
+    import jax_amp_scale as jas
+    from jax_amp_scale.mechanisms import handlers
+
+    auto = FACTS["auto"]
+    examples = {"cpu": "cpu", "cuda": "cuda", "ascend": "ascend", "other": "tpu"}
+    assert set(auto) == set(examples)
+    for op in (handlers.UPDATE_SCALE, handlers.UNSCALE_AND_CHECK):
+        native = handlers.AUTO_NATIVE[op]
+        for key, platform in examples.items():
+            picks = "ffi" if platform in native else "reference"
+            assert picks == auto[key]["picks"], (op, key)
+    # amax_scaler's pass: native on the CPU only.
+    assert handlers.AUTO_NATIVE[handlers.UNSCALE_CHECK_AMAX] == {"cpu"}
+    assert auto["ascend"]["platform_names"] == sorted(handlers.CANN_PLATFORMS)
+    # What this process answers where it decides without hardware.
+    if "ffi" in jas.available_backends("cpu"):
+        assert jas.auto_backend("cpu") == auto["cpu"]["picks"]
+    for platform in ("cuda", "gpu", "tpu", "rocm"):
+        assert jas.auto_backend(platform) == "reference", platform
+    # The reasons the facts give are the platform status the support table gives.
+    assert FACTS["platform"]["cuda"]["status"] == FACTS["status_words"]["built"]
+    assert "never" in auto["cuda"]["why"] and "never" in auto["ascend"]["why"]
+
+
+def _says_auto_is_measured_faster(text: str) -> bool:
+    """Whether `text` says "auto" picks, on every platform, what was measured faster."""
+    return bool(
+        re.search(
+            r"auto\W[^.]{0,80}?\b(the one measured faster|the faster one|"
+            r"picks the faster|the faster per platform|the fastest)\b",
+            text,
+            re.I,
+        )
+    )
+
+
+@pytest.mark.parametrize("page", _pages_marking_rewritten({"README.md"}))
+def test_no_page_says_auto_picks_what_was_measured_faster(page):
+    """On CUDA "auto" takes the reference, never measured against the native
+    handler; on Ascend the native operator, never run: neither is a
+    measurement.  A page says what "auto" picks per platform and why."""
+    bad = [p for p in _paragraphs(page) if _says_auto_is_measured_faster(p)]
+    assert not bad, f"{_where(page)}: " + "\n".join(bad)
+
+
+def test_no_docstring_says_auto_picks_what_was_measured_faster():
+    bad = [
+        f"{where}: {doc[:160]}"
+        for where, doc in _docstrings()
+        if _says_auto_is_measured_faster(doc)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_backends_table_gives_the_auto_facts():
+    page = (DOCS / "backends.md").read_text()
+    rows = {
+        cells[0]: cells
+        for line in page.split("## Which backend runs where", 1)[1].splitlines()
+        if line.startswith("| ") and not line.startswith("| ---")
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    header = rows.pop("platform")
+    column = header.index('`"auto"` picks')
+    for key, fact in FACTS["auto"].items():
+        cell = rows[fact["label"]][column]
+        assert re.match(r"\w+", cell).group() == fact["picks"], (key, cell)
+        assert fact["why_short"] in " ".join(cell.split()), (key, cell, fact["why_short"])
