@@ -397,3 +397,95 @@ def test_the_backends_table_gives_the_auto_facts():
         cell = rows[fact["label"]][column]
         assert re.match(r"\w+", cell).group() == fact["picks"], (key, cell)
         assert fact["why_short"] in " ".join(cell.split()), (key, cell, fact["why_short"])
+
+
+# ---- "eight devices": virtual CPU devices ---------------------------------
+
+EIGHT_DEVICES = re.compile(r"\b(eight|8)[- ](?:\w+ ){0,2}?devices?\b|\beight-device\b", re.I)
+SAYS_VIRTUAL_CPU = re.compile(r"virtual CPU devices?|xla_force_host_platform_device_count", re.I)
+TABLE_LINE = re.compile(r"^\s*(\||\* -|  - )")
+
+
+def _units(page: Path) -> list[tuple[str, str, str]]:
+    """``(heading, before, unit)``: each paragraph of the page's prose, and
+    each line of its tables (pipe tables and list-tables) on its own, with
+    the heading of its section and, for a table line, the paragraph that
+    introduces the table.  Code blocks are left out."""
+    kept, fence = [], None
+    for line in page.read_text().splitlines():
+        if fence is None and line.startswith("```"):
+            fence = line
+            kept.append("")
+        elif fence is not None and line.rstrip() == "```":
+            fence = None
+            kept.append("")
+        elif fence is None or fence.startswith("```{list-table}"):
+            kept.append("" if line.startswith(":") else line)
+    heading, before, units = "(top)", "", []
+    for block in re.split(r"\n\s*\n", "\n".join(kept)):
+        lines = [x for x in block.splitlines() if x.strip()]
+        if lines and lines[0].startswith("#"):
+            heading = lines[0].lstrip("# ").strip()
+            units.append((heading, "", heading))
+            lines = lines[1:]
+        if not lines:
+            continue
+        if all(TABLE_LINE.match(x) for x in lines):
+            units += [(heading, before, " ".join(x.split())) for x in lines]
+        else:
+            before = " ".join(" ".join(lines).split())
+            units.append((heading, "", before))
+    return units
+
+
+def _linked_pages(page: Path, text: str) -> list[Path]:
+    targets = re.findall(r"\{doc\}`(?:[^`<]*<)?([^`>]+)>?`", text)
+    targets += [t for t in re.findall(r"\]\(([^)#\s]+\.md)", text)]
+    found = []
+    for target in targets:
+        base = DOCS if target.startswith("/") else page.parent
+        path = (base / target.lstrip("/")).with_suffix(".md")
+        if path.exists():
+            found.append(path.resolve())
+    return found
+
+
+def _says_eight_virtual_cpu_devices(page: Path) -> bool:
+    return any(
+        EIGHT_DEVICES.search(unit) and SAYS_VIRTUAL_CPU.search(unit) for _, _, unit in _units(page)
+    )
+
+
+def _eight_devices_unqualified(page: Path) -> list[str]:
+    bad = []
+    for heading, before, unit in _units(page):
+        if not EIGHT_DEVICES.search(unit):
+            continue
+        if any(SAYS_VIRTUAL_CPU.search(t) for t in (unit, heading, before)):
+            continue
+        if any(_says_eight_virtual_cpu_devices(p) for p in _linked_pages(page, unit)):
+            continue
+        bad.append(f"{_where(page)} ({heading}): {unit[:160]}")
+    return bad
+
+
+@pytest.mark.parametrize("page", _pages_marking_rewritten({"docs/performance.md"}))
+def test_every_eight_devices_says_virtual_cpu_devices(page):
+    """The multi-device tests, benchmarks and contract cells run on eight
+    virtual CPU devices in one process, never on eight accelerators: each
+    mention says so (its paragraph, its table's heading or introduction), or
+    links to a page whose mention does."""
+    bad = _eight_devices_unqualified(page)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_eight_devices_check_catches_an_unqualified_mention(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text(
+        "# T\n\nTested on eight devices.\n\n| a | b |\n| --- | --- |\n| x, 8 devices | y |\n"
+    )
+    assert len(_eight_devices_unqualified(page)) == 2
+    page.write_text(
+        "# T\n\nOn 8 virtual CPU devices:\n\n| a | b |\n| --- | --- |\n| x, 8 devices | y |\n"
+    )
+    assert _eight_devices_unqualified(page) == []
