@@ -489,3 +489,38 @@ def test_the_eight_devices_check_catches_an_unqualified_mention(tmp_path):
         "# T\n\nOn 8 virtual CPU devices:\n\n| a | b |\n| --- | --- |\n| x, 8 devices | y |\n"
     )
     assert _eight_devices_unqualified(page) == []
+
+
+# ---- the examples ---------------------------------------------------------
+
+EXAMPLES = ROOT / "examples"
+COUNT_WORDS = {**NUMBER_WORDS, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12}
+
+
+def test_the_examples_pages_count_the_scripts_there_are():
+    scripts = sorted(p.name for p in EXAMPLES.glob("*.py"))
+    for page in (DOCS / "examples.md", EXAMPLES / "README.md"):
+        text = " ".join(_prose(page).split())
+        stated = [
+            w
+            for w in re.findall(r"\b(\w+) (?:Python )?scripts\b", text)
+            if w.lower() in COUNT_WORDS
+        ]
+        counts = [COUNT_WORDS[w.lower()] for w in stated if w.lower() in COUNT_WORDS]
+        assert counts, f"{_where(page)} does not say how many scripts examples/ holds"
+        assert set(counts) == {len(scripts)}, (_where(page), stated, scripts)
+    # examples/README.md's table has a row per script.
+    rows = re.findall(r"^\| `(\w+\.py)` \|", (EXAMPLES / "README.md").read_text(), flags=re.M)
+    assert sorted(rows) == scripts
+
+
+def test_the_examples_pages_say_the_study_takes_hours():
+    for page in (DOCS / "examples.md", EXAMPLES / "README.md"):
+        paragraphs = [p for p in _paragraphs(page) if "amax_scaler_study.py" in p]
+        lines = [x for x in page.read_text().splitlines() if "amax_scaler_study.py" in x]
+        said = [t for t in paragraphs + lines if re.search(r"\bhours?\b", t)]
+        assert said, f"{_where(page)} does not say that amax_scaler_study.py takes hours"
+        # Nothing says that every script runs in minutes.
+        for para in _paragraphs(page):
+            if re.search(r"\b(each|every|all)\b[^.]{0,80}\bin (a few )?minutes\b", para, re.I):
+                assert "amax_scaler_study" in para, f"{_where(page)}: {para[:160]}"
