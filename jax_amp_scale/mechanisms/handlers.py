@@ -22,8 +22,9 @@ lowering platform.
 Without the compiled modules (an install whose ``_native_cpu`` does not load,
 or ``JAX_AMP_SCALE_DISABLE_NATIVE=1``) the package still imports and works:
 no platform has a native handler, so ``backend="auto"`` runs the pure-JAX
-reference everywhere (the same bits) and ``backend="ffi"`` raises an error
-saying why.  A module that fails to load is reported once, as a
+reference everywhere (each operator gives the same bits; a whole run may
+differ in its last digits, since XLA fuses the program around the operators
+otherwise) and ``backend="ffi"`` raises an error saying why.  A module that fails to load is reported once, as a
 `RuntimeWarning` at first use, and kept in `LOAD_ERRORS`.
 """
 
@@ -180,8 +181,10 @@ def _load_builtins() -> None:
         record_load_error("cpu", _unavailable)
         warnings.warn(
             f"jax_amp_scale: {_unavailable}. Every operator runs the pure-JAX reference "
-            'backend (backend="auto" picks it; the results are the same bits, only the '
-            'native speed-ups are lost), and backend="ffi" raises. Install a wheel built '
+            'backend (backend="auto" picks it; each operator gives the same bits, only the '
+            "native speed-ups are lost, though a whole run may differ in its last digits "
+            "since XLA fuses the program around the operators otherwise), and "
+            'backend="ffi" raises. Install a wheel built '
             "for this platform, or build from source (a C++17 compiler and CMake); set "
             f"{DISABLE_ENV}=1 to use the reference without this warning.",
             RuntimeWarning,
