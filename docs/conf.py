@@ -83,8 +83,9 @@ autodoc_typehints = "description"
 # fields, described under Attributes:, are not listed again as Parameters).
 autodoc_typehints_description_target = "documented"
 autodoc_typehints_format = "short"
-# Defaults as written in the code (jnp.float32, DEFAULT_INIT_SCALE), not their
-# repr (<class jax.numpy.float32>); the docstrings give the values.
+# Defaults as written in the code (jnp.float32, 2.0**-24), not their repr
+# (<class jax.numpy.float32>); except a named constant (DEFAULT_INIT_SCALE),
+# shown by its value (65536.0): docs/_ext/api_pages.py.
 autodoc_preserve_defaults = True
 autodoc_class_signature = "mixed"
 autosummary_generate = False

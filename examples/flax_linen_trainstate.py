@@ -5,8 +5,9 @@
 A byte-level MLP language model (the previous 16 bytes predict the next) on
 the Python standard library's sources, its Dense layers computing in float16
 (``dtype=jnp.float16``; the parameters stay float32).  The only changes to a
-plain ``TrainState`` loop are the two marked lines: the optimizer is wrapped
-in ``loss_scaled``, and the loss is multiplied by the scale before ``grad``.
+plain ``TrainState`` loop are the two marked statements: the optimizer is
+wrapped in ``loss_scaled``, and the loss is multiplied by the scale before
+``grad``.
 ``state.apply_gradients`` then receives *scaled* gradients; ``loss_scaled``
 unscales them, skips the step on inf/NaN and adjusts the scale.
 """
@@ -52,15 +53,17 @@ def main(argv: list[str] | None = None) -> int:
     data = random_windows(train, args.steps, 128, CONTEXT + 1)
     model = ByteMLP()
     params = model.init(jax.random.key(0), data[0, :, :CONTEXT])["params"]
-    tx = loss_scaled(optax.adam(1e-3), jas.dynamic_scaler(2.0**15, growth_interval=50))  # (1)
+    tx = loss_scaled(  # (1)
+        optax.adam(1e-3), jas.dynamic_scaler(2.0**15, growth_interval=50)
+    )
     state = TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
     @jax.jit
     def train_step(state: TrainState, batch: jax.Array) -> tuple[TrainState, jax.Array]:
         def loss_fn(params):
             logits = state.apply_fn({"params": params}, batch[:, :CONTEXT])
-            loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, CONTEXT])
-            loss = loss.mean()
+            labels = batch[:, CONTEXT]
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
             return jas.scale_loss(loss, state.opt_state), loss  # (2)
 
         grads, loss = jax.grad(loss_fn, has_aux=True)(state.params)

@@ -80,15 +80,21 @@ def train_jax(data: np.ndarray, poison: np.ndarray) -> tuple[np.ndarray, np.ndar
     def step(params, opt_state, scaler, batch, poison):
         def loss_fn(p):
             logits = forward(p, batch[:, :CONTEXT])
-            loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, CONTEXT])
+            labels = batch[:, CONTEXT]
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
             loss = loss.mean()
             return scaler.scale_loss(loss * poison), loss
 
-        grads, loss = jax.grad(loss_fn, has_aux=True)(params)  # scaler.scale(loss).backward()
-        grads, found_inf = scaler.unscale_and_check(grads)  # scaler.unscale_(opt)
-        grads, _ = jas.clip_by_global_norm(grads, MAX_NORM)  # clip_grad_norm_(...)
-        params, opt_state = optimizer_step(tx, grads, opt_state, params, found_inf)  # .step(opt)
-        return params, opt_state, scaler.update(found_inf), loss  # scaler.update()
+        # torch: scaler.scale(loss).backward()
+        grads, loss = jax.grad(loss_fn, has_aux=True)(params)
+        # torch: scaler.unscale_(opt)
+        grads, found_inf = scaler.unscale_and_check(grads)
+        # torch: torch.nn.utils.clip_grad_norm_(params, MAX_NORM)
+        grads, _ = jas.clip_by_global_norm(grads, MAX_NORM)
+        # torch: scaler.step(opt)
+        params, opt_state = optimizer_step(tx, grads, opt_state, params, found_inf)
+        # torch: scaler.update()
+        return params, opt_state, scaler.update(found_inf), loss
 
     losses, scales = [], []
     for t in range(len(data)):

@@ -12,7 +12,12 @@ fails when:
 - it scrolls horizontally (the document is wider than the window), or an
   element of its content column (a table, an image, a block) reaches past
   that column's right edge, or a table is wider than its column and scrolls
-  inside it (a closed ``<details>`` is not drawn, and not measured);
+  inside it;
+- a code block is wider than the content column (its lines scroll), unless
+  it marks the lines it is about and every marked line is fully visible
+  without scrolling: a line highlighted by ``:emphasize-lines:`` (Pygments'
+  ``hll``), or one whose comment ends with a marker such as ``# (1)``.  A
+  block that marks nothing must fit whole;
 - an image does not load;
 - raw markup shows in its text (outside code): a MyST role such as
   ``{doc}`` or ``{py:func}``, a directive fence, or a literal backtick;
@@ -22,6 +27,12 @@ fails when:
   looks up.  A page past 12,000 px is several pages in one, as the old
   Examples page (32,700 px, nine whole scripts) was.  Highlighted source listings
   (``_modules/``) and the generated index pages are not checked.
+
+Every ``<details>`` is opened before the measuring: what a reader can
+unfold must fit too.  The widths are measured, not estimated: each code
+block's ``scrollWidth`` against its ``clientWidth``, each marked line's
+right edge (a DOM Range over its text) against the block's visible right
+edge.
 
 Screenshots of the main pages (the top of each, up to 3,000 px) go into
 ``--shots``.  Exit status 1 when a page fails, with one line per problem.
@@ -57,6 +68,9 @@ MAIN_PAGES = [
     "glossary.html",
     "api/optax.html",
     "api/operator.html",
+    "api/training.html",
+    "backends.html",
+    "ascend.html",
 ]
 SKIP_DIRS = {"_static", "_sources", "_modules", "_downloads", "_images", ".doctrees"}
 SKIP_PAGES = {"genindex.html", "search.html", "py-modindex.html"}
@@ -66,6 +80,8 @@ SKIP_PAGES = {"genindex.html", "search.html", "py-modindex.html"}
 PROBE = r"""
 <script>
 window.addEventListener("load", () => setTimeout(() => {
+  // What a reader can unfold must fit too: measure every <details> open.
+  for (const d of document.querySelectorAll("details")) d.open = true;
   const out = {problems: [], height: document.documentElement.scrollHeight};
   const doc = document.documentElement;
   if (doc.scrollWidth > window.innerWidth + 1) {
@@ -84,9 +100,53 @@ window.addEventListener("load", () => setTimeout(() => {
     }
     return null;
   };
+  // Code blocks: a block whose lines scroll fails, unless it marks lines
+  // (emphasize-lines, or a "# (1)" marker at a line's end) and every
+  // marked line is fully visible without scrolling.
+  const MARKER = /(#|\/\/)[^\n]*\(\d+\)\s*$/;
+  for (const pre of column.querySelectorAll("pre")) {
+    if (pre.getBoundingClientRect().width === 0) continue;
+    if (pre.scrollWidth <= pre.clientWidth + 2) continue;
+    const box = pre.getBoundingClientRect();
+    const visible = box.left + pre.clientLeft + pre.clientWidth;
+    // Each line's text nodes, and whether it is marked.
+    const lines = [{nodes: [], marked: false, text: ""}];
+    const walker = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      const hll = !!(node.parentElement && node.parentElement.closest(".hll"));
+      const parts = node.data.split("\n");
+      parts.forEach((part, i) => {
+        if (i > 0) lines.push({nodes: [], marked: false, text: ""});
+        const line = lines[lines.length - 1];
+        const start = parts.slice(0, i).reduce((n, s) => n + s.length + 1, 0);
+        if (part.length) line.nodes.push([node, start, start + part.length]);
+        line.text += part;
+        if (hll && part.trim()) line.marked = true;
+      });
+    }
+    const where = label(pre.closest("div[class*=highlight-]") || pre);
+    const marked = lines.filter((l) => l.marked || MARKER.test(l.text));
+    if (!marked.length) {
+      out.problems.push(`a code block is ${pre.scrollWidth} px wide in a ${pre.clientWidth} px column and marks no line (${where}): "${lines.reduce((a, l) => l.text.length > a.length ? l.text : a, "").trim().slice(0, 60)}"`);
+      continue;
+    }
+    for (const line of marked) {
+      let right = 0;
+      for (const [node, a, b] of line.nodes) {
+        const range = document.createRange();
+        range.setStart(node, a);
+        range.setEnd(node, b);
+        for (const rect of range.getClientRects()) right = Math.max(right, rect.right);
+      }
+      const text = line.text.replace(/\s+$/, "");
+      if (right > visible + 1 && text.length) {
+        out.problems.push(`a marked line of a code block runs ${Math.round(right - visible)} px past its visible edge (${where}): "${text.trim().slice(0, 60)}"`);
+      }
+    }
+  }
   for (const el of column.querySelectorAll("*")) {
     const r = el.getBoundingClientRect();
-    if (r.width === 0 || el.closest("pre, .highlight, details:not([open])")) continue;
+    if (r.width === 0 || el.closest("pre, .highlight")) continue;
     if (el.tagName === "TABLE") {
       const box = scrolls(el);
       const room = box ? box.clientWidth : column.clientWidth;

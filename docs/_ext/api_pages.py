@@ -14,11 +14,15 @@
 - Every parameter of a documented function has words: from its docstring's
   ``Args:``, or, until the docstring has them, from `PARAMETER_WORDS`
   below.  A parameter with neither fails the build (a warning under -W).
+- A default that is a named constant shows its value: ``init_scale=65536.0``,
+  not ``init_scale=DEFAULT_INIT_SCALE`` (``autodoc_preserve_defaults``
+  keeps the other defaults as written: ``jnp.float32``, ``2.0**-24``).
 """
 
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 from sphinx.domains.python import PyXRefRole
@@ -157,11 +161,55 @@ def _words_for_every_parameter(app, what, name, obj, options, lines) -> None:
         )
 
 
+# A default written as a module constant's name (DEFAULT_INIT_SCALE, UPDATE_SCALE).
+_CONSTANT_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+
+
+def _actual_defaults(func: Any) -> dict[str, Any]:
+    """``{parameter: default value}`` of a plain function, read from the
+    function itself (its ``__signature__`` may hold preserved source text)."""
+    code = getattr(func, "__code__", None)
+    if code is None:
+        return {}
+    positional = code.co_varnames[: code.co_argcount]
+    values = tuple(getattr(func, "__defaults__", None) or ())
+    found = dict(zip(positional[len(positional) - len(values) :], values, strict=True))
+    found.update(getattr(func, "__kwdefaults__", None) or {})
+    return found
+
+
+def _values_for_named_defaults(app, obj, bound_method) -> None:
+    """After ``autodoc_preserve_defaults`` has put the source text of each
+    default in ``obj.__signature__``: a constant's name becomes its value."""
+    signature = getattr(obj, "__signature__", None)
+    if not isinstance(signature, inspect.Signature):
+        return
+    from sphinx.ext.autodoc.preserve_defaults import DefaultValue
+
+    actual = _actual_defaults(inspect.unwrap(getattr(obj, "__func__", obj)))
+    params = []
+    for param in signature.parameters.values():
+        default = param.default
+        if (
+            isinstance(default, DefaultValue)
+            and _CONSTANT_NAME.fullmatch(repr(default))
+            and param.name in actual
+        ):
+            param = param.replace(default=DefaultValue(repr(actual[param.name])))
+        params.append(param)
+    signature = signature.replace(parameters=params)
+    try:
+        obj.__signature__ = signature
+    except AttributeError:  # a bound method: as autodoc itself does
+        obj.__dict__["__signature__"] = signature
+
+
 def setup(app):
     _register_public_type_names()
     app.add_role_to_domain("py", "softobj", SoftPyXRefRole())
     app.add_config_value("api_pages_require_parameter_words", True, "env")
     app.connect("autodoc-skip-member", _skip_namedtuple_fields)
+    app.connect("autodoc-before-process-signature", _values_for_named_defaults)
     # After napoleon (priority 500) has turned Args: into :param: fields.
     app.connect("autodoc-process-docstring", _words_for_every_parameter, priority=600)
     app.connect("missing-reference", _resolve_soft, priority=900)

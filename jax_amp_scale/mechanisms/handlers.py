@@ -22,8 +22,9 @@ lowering platform.
 Without the compiled modules (an install whose ``_native_cpu`` does not load,
 or ``JAX_AMP_SCALE_DISABLE_NATIVE=1``) the package still imports and works:
 no platform has a native handler, so ``backend="auto"`` runs the pure-JAX
-reference everywhere (the same bits) and ``backend="ffi"`` raises an error
-saying why.  A module that fails to load is reported once, as a
+reference everywhere (each operator gives the same bits; a whole run may
+differ in its last digits, since XLA fuses the program around the operators
+otherwise) and ``backend="ffi"`` raises an error saying why.  A module that fails to load is reported once, as a
 `RuntimeWarning` at first use, and kept in `LOAD_ERRORS`.
 """
 
@@ -65,9 +66,11 @@ BACKENDS: tuple[str, ...] = ("auto", "reference", "ffi")
 CANN_PLATFORMS = frozenset({"ascend", "npu"})
 
 # Where "auto" prefers the native handler (where one is registered), with
-# any number of devices: on Ascend the native operator is the point of the
-# library; on CPU the native calls are faster than the reference, on CUDA
-# not (XLA fuses the reference there): bench/RESULTS.md.
+# any number of devices: on CPU the native calls measured faster than the
+# reference (bench/RESULTS.md); on Ascend the native operators are CANN's
+# own, the point of the library there (never run on an NPU, not measured).
+# Not on CUDA: its handler has never run on a GPU, and nothing was measured
+# there.  docs/_facts.toml ([auto]) says the same; tests/docs checks it.
 AUTO_NATIVE = {
     UPDATE_SCALE: frozenset({"cpu"}) | CANN_PLATFORMS,
     UNSCALE_AND_CHECK: frozenset({"cpu"}) | CANN_PLATFORMS,
@@ -178,8 +181,10 @@ def _load_builtins() -> None:
         record_load_error("cpu", _unavailable)
         warnings.warn(
             f"jax_amp_scale: {_unavailable}. Every operator runs the pure-JAX reference "
-            'backend (backend="auto" picks it; the results are the same bits, only the '
-            'native speed-ups are lost), and backend="ffi" raises. Install a wheel built '
+            'backend (backend="auto" picks it; each operator gives the same bits, only the '
+            "native speed-ups are lost, though a whole run may differ in its last digits "
+            "since XLA fuses the program around the operators otherwise), and "
+            'backend="ffi" raises. Install a wheel built '
             "for this platform, or build from source (a C++17 compiler and CMake); set "
             f"{DISABLE_ENV}=1 to use the reference without this warning.",
             RuntimeWarning,

@@ -588,8 +588,10 @@ def amp_update_scale(
       growth_interval: Python int in [1, 2**31 - 1] (static).
       backend: ``"reference"`` (pure JAX, every platform), ``"ffi"`` (the
         native custom call; lowering fails clearly on a platform without a
-        handler) or ``"auto"`` (per lowering platform, the faster one measured
-        in ``bench/``).
+        handler) or ``"auto"`` (per lowering platform: the native handler
+        on the CPU, where it measured faster in ``bench/``, and on Ascend,
+        CANN's own operators; the reference on CUDA, whose handler has never
+        run on a GPU, and elsewhere: `auto_backend` answers).
       axis_name: optional mapped axis name, or tuple of names, of
         ``shard_map``/``pmap``/``vmap``; found_inf is OR-reduced across it so
         every replica takes one decision.

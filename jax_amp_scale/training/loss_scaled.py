@@ -270,7 +270,10 @@ def loss_scaled(
         off the scale.  None (default): on when a parameter (without
         `params`: an update) is 16-bit and overflow steps are dropped.
       max_consecutive_overflows: None (torch: no limit) or n: the n-th
-        overflowing step in a row fails with ``FloatingPointError``.
+        overflowing step in a row fails the step: your code receives
+        ``jax.errors.JaxRuntimeError`` when the step's result is read (its
+        message holds ``FloatingPointError: loss_scaled: ...``, but
+        ``except FloatingPointError`` does not catch it).
       host_reports: the host's warnings (50 overflows in a row, naming the
         likely causes; a dynamic scale at 0 or ``min_scale``; a run of 10
         non-finite updates) and the `max_consecutive_overflows` error, which

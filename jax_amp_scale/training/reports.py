@@ -20,12 +20,13 @@ NONFINITE_RUN_WARNING = 10
 # below 1e-10: no real gradient needs that, so the cause is elsewhere.
 RUNAWAY_WARNING = 50
 
+# (optax.MultiSteps around loss_scaled, whose accumulator would keep a NaN
+# for good, is no cause: that setup raises TypeError at init.)
 RUNAWAY_CAUSES = (
     "the likely causes: a NaN or inf in the loss, the data or the parameters "
     "(jas.nonfinite_paths(jas.nonfinite_leaves(grads)) names the leaves); "
-    "a loss_scaled transformation wrapped in optax.MultiSteps, whose accumulator "
-    "keeps a NaN for good after one overflow (use accumulate_gradients(loss_scaled(...), k)); "
-    "a loss that is not multiplied by this state's scale (jas.scale_loss(loss, opt_state))"
+    "a loss that is not multiplied by this state's scale (jas.scale_loss(loss, opt_state)); "
+    "a loss that overflows float16 at any scale (compute it, or its last reduction, in float32)"
 )
 
 
