@@ -263,7 +263,7 @@ def test_multisteps_around_is_no_cause_of_a_frozen_run():
     bits = np.array(np.float32(1.0)).view(np.uint32)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        report(np.array(True), bits, np.array(reports.RUNAWAY_WARNING))
+        report(np.array(True), bits, np.array(reports.RUNAWAY_WARNING), bits)
     runaway = [str(w.message) for w in caught if "overflowing steps in a row" in str(w.message)]
     assert runaway, [str(w.message) for w in caught]
     bad += [f"the runaway warning: {m}" for m in runaway if "MultiSteps" in m]
@@ -309,25 +309,6 @@ def test_the_landing_page_names_every_scaler():
 
 # ---- what "auto" picks, per platform --------------------------------------
 
-# Pages another change rewrites at the moment: a check they fail is marked
-# xfail(strict=True) for them, so that it turns into a failure (and the mark
-# must go) as soon as they say it right.  README.md's replacement text is in
-# issue 44.
-REWRITTEN_ELSEWHERE = {"README.md", "docs/performance.md"}
-
-
-def _pages_marking_rewritten(failing: set[str]) -> list:
-    """PAGES as pytest params; those in REWRITTEN_ELSEWHERE and `failing` xfail strictly."""
-    return [
-        pytest.param(
-            page,
-            id=_where(page),
-            marks=[pytest.mark.xfail(strict=True, reason="rewritten in another change")]
-            if _where(page) in REWRITTEN_ELSEWHERE and _where(page) in failing
-            else [],
-        )
-        for page in PAGES
-    ]
 
 
 def test_the_auto_facts_are_what_the_code_picks():
@@ -367,7 +348,7 @@ def _says_auto_is_measured_faster(text: str) -> bool:
     )
 
 
-@pytest.mark.parametrize("page", _pages_marking_rewritten({"README.md"}))
+@pytest.mark.parametrize("page", PAGES, ids=_where)
 def test_no_page_says_auto_picks_what_was_measured_faster(page):
     """On CUDA "auto" takes the reference, never measured against the native
     handler; on Ascend the native operator, never run: neither is a
@@ -471,7 +452,7 @@ def _eight_devices_unqualified(page: Path) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("page", _pages_marking_rewritten({"docs/performance.md"}))
+@pytest.mark.parametrize("page", PAGES, ids=_where)
 def test_every_eight_devices_says_virtual_cpu_devices(page):
     """The multi-device tests, benchmarks and contract cells run on eight
     virtual CPU devices in one process, never on eight accelerators: each
@@ -577,7 +558,6 @@ def test_the_fallback_promises_the_same_bits_per_operator_not_per_run():
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.xfail(strict=True, reason="README.md is rewritten in another change (issue 44)")
 def test_readme_promises_the_fallback_s_same_bits_per_operator():
     bad = [b for b in _fallback_promises() if b.startswith("README.md")]
     assert not bad, "\n".join(bad)
