@@ -268,7 +268,9 @@ def test_multisteps_around_is_no_cause_of_a_frozen_run():
     assert runaway, [str(w.message) for w in caught]
     bad += [f"the runaway warning: {m}" for m in runaway if "MultiSteps" in m]
     with pytest.raises(FloatingPointError) as raised:
-        reports.OverflowReport(limit=3, floor=None, dynamic=True)(np.array(True), bits, np.array(3))
+        reports.OverflowReport(limit=3, floor=None, dynamic=True)(
+            np.array(True), bits, np.array(3), bits
+        )
     if "MultiSteps" in str(raised.value):
         bad.append(f"the max_consecutive_overflows error: {raised.value}")
     assert not bad, "\n".join(bad)
@@ -308,7 +310,6 @@ def test_the_landing_page_names_every_scaler():
 
 
 # ---- what "auto" picks, per platform --------------------------------------
-
 
 
 def test_the_auto_facts_are_what_the_code_picks():
