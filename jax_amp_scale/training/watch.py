@@ -65,8 +65,9 @@ def watch_amax(x: Any, probe: Any, *, dtype: Any = None) -> jax.Array:
     give), with a batched probe each example's own amax; ``shard_map`` with
     varying-axes checking (the default) gives the max over the devices the
     cotangent varies over and the probe does not (a ``pmax`` in the backward
-    pass); without checking, and under ``pmap``, the gradient is each
-    device's own: reduce it as the gradients are.  Differentiating the
+    pass); without checking (and on jax < 0.7) JAX sums the devices'
+    amaxes into a shared probe's gradient, an upper bound (give each device
+    its own probe, ``P(axis)``, and take their max).  Differentiating the
     backward pass again (grad of grad) sees the cotangent's path; the amax
     is a statistic, with zero derivative.  Forward-mode (``jax.jvp``) is not
     supported (a ``custom_vjp``).  Give each probe to one watch: the gradient
@@ -82,8 +83,10 @@ def watch_amax(x: Any, probe: Any, *, dtype: Any = None) -> jax.Array:
     Returns:
       ``x`` cast to ``dtype`` (``x`` itself when ``dtype`` is None).
 
-    Raises ValueError at trace time when ``x`` is not a floating array,
-    ``probe`` is not a float32 scalar or ``dtype`` is not a floating dtype.
+    Raises:
+      ValueError: at trace time, naming the argument, when ``x`` is not a
+        floating array, ``probe`` is not a float32 scalar or ``dtype`` is not
+        a floating dtype.
     """
     x = _check_x(x)
     probe = _check_probe(probe)

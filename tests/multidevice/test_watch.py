@@ -51,6 +51,21 @@ def test_shard_map_shared_probe_is_the_max_over_devices():
     assert float(jax.jit(g)(x, w, jnp.float32(0))) == want
 
 
+def test_shard_map_unchecked_sums_the_devices_amaxes_as_documented():
+    x, w, _ = _data()
+    f = shard_map(
+        lambda x, w, p: jax.lax.psum(_local(x, w, p), "data"),
+        mesh=_mesh(),
+        in_specs=(P("data"), P("data"), P()),
+        out_specs=P(),
+        check_vma=False,
+    )
+    rows = np.abs(np.asarray(w))
+    want = sum(np.float32(r[np.isfinite(r)].max()) for r in rows)
+    got = float(jax.jit(jax.grad(f, argnums=2))(x, w, jnp.float32(0)))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_shard_map_per_device_probes_are_each_devices_own():
     x, w, _ = _data()
     f = shard_map(
