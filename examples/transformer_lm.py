@@ -60,7 +60,7 @@ import math
 import sys
 import sysconfig
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -124,6 +124,17 @@ def eval_starts(n_bytes: int, cfg: Config) -> np.ndarray:
 
 # ----------------------------------------------------------------- the model
 
+# A tap sees the model's named points, tap(name, x, dtype) -> x.astype(dtype):
+# every cast between float32 and the compute dtype and a few identities
+# (dtype == x.dtype).  examples/overflow_first.py passes one that records the
+# backward pass there; the default is the cast itself.
+Tap = Callable[[str, jax.Array, Any], jax.Array]
+
+
+def cast(name: str, x: jax.Array, dtype: Any) -> jax.Array:
+    """The default tap: the cast, nothing else."""
+    return x.astype(dtype)
+
 
 class Block(nnx.Module):
     """Pre-LayerNorm block: causal self-attention then a GELU MLP."""
@@ -143,19 +154,23 @@ class Block(nnx.Module):
         self.fc = nnx.Linear(d, 4 * d, kernel_init=init, **lin)
         self.out = nnx.Linear(4 * d, d, kernel_init=init_out, **lin)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, tap: Tap = cast) -> jax.Array:
         b, t, d = x.shape
         hd = d // self.heads
-        qkv = self.qkv(self.ln1(x)).reshape(b, t, 3, self.heads, hd)
+        dt = self.dtype
+        qkv = tap("qkv", self.qkv(tap("attn_in", self.ln1(x), dt)), dt)
+        qkv = qkv.reshape(b, t, 3, self.heads, hd)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * jnp.asarray(1 / math.sqrt(hd), q.dtype)
         causal = jnp.tril(jnp.ones((t, t), bool))
-        s = jnp.where(causal, s.astype(jnp.float32), -1e9)  # softmax in float32
-        p = jax.nn.softmax(s, axis=-1).astype(self.dtype)
+        s = jnp.where(causal, tap("scores", s, jnp.float32), -1e9)  # softmax in float32
+        p = tap("probs", jax.nn.softmax(s, axis=-1), dt)
         a = jnp.einsum("bhqk,bkhd->bqhd", p, v).reshape(b, t, d)
-        x = x + self.proj(a)  # float32 residual stream (float32 + float16 -> float32)
-        h = jax.nn.gelu(self.fc(self.ln2(x)), approximate=False)
-        return x + self.out(h)
+        # float32 residual stream (float32 + float16 -> float32)
+        x = x + tap("attn_out", self.proj(tap("attn", a, dt)), x.dtype)
+        fc = tap("fc", self.fc(tap("mlp_in", self.ln2(x), dt)), dt)
+        h = tap("gelu", jax.nn.gelu(fc, approximate=False), dt)
+        return x + tap("mlp_out", self.out(h), x.dtype)
 
 
 class TransformerLM(nnx.Module):
@@ -163,6 +178,7 @@ class TransformerLM(nnx.Module):
 
     def __init__(self, cfg: Config, dtype: Any = jnp.float32, *, rngs: nnx.Rngs):
         init = nnx.initializers.normal(0.02)
+        self.dtype = dtype
         self.embed = nnx.Embed(VOCAB, cfg.d_model, embedding_init=init, rngs=rngs)
         self.pos = nnx.Param(init(rngs.params(), (cfg.context, cfg.d_model), jnp.float32))
         self.blocks = nnx.List([Block(cfg, dtype, rngs=rngs) for _ in range(cfg.layers)])
@@ -171,11 +187,17 @@ class TransformerLM(nnx.Module):
             cfg.d_model, VOCAB, use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs
         )
 
-    def __call__(self, tokens: jax.Array) -> jax.Array:
+    def __call__(self, tokens: jax.Array, tap: Tap = cast) -> jax.Array:
         x = self.embed(tokens) + self.pos[: tokens.shape[1]]
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x)).astype(jnp.float32)  # logits, float32
+        x = tap("embed", x, x.dtype)
+        for i, block in enumerate(self.blocks):
+
+            def tap_i(name: str, y: jax.Array, dtype: Any, i: int = i) -> jax.Array:
+                return tap(f"block{i}.{name}", y, dtype)
+
+            x = tap(f"block{i}", block(x, tap_i), x.dtype)
+        logits = self.head(tap("head_in", self.ln_f(x), self.dtype))
+        return tap("logits", logits, jnp.float32)  # logits, float32
 
 
 def make_model(cfg: Config, dtype: Any = jnp.float32) -> TransformerLM:
@@ -183,9 +205,9 @@ def make_model(cfg: Config, dtype: Any = jnp.float32) -> TransformerLM:
     return TransformerLM(cfg, dtype, rngs=nnx.Rngs(cfg.seed))
 
 
-def token_losses(model: TransformerLM, win: jax.Array) -> jax.Array:
+def token_losses(model: TransformerLM, win: jax.Array, tap: Tap = cast) -> jax.Array:
     """Per-token cross-entropy (batch, context), float32."""
-    logits = model(win[:, :-1])
+    logits = model(win[:, :-1], tap)
     return optax.softmax_cross_entropy_with_integer_labels(logits, win[:, 1:])
 
 

@@ -39,6 +39,7 @@ from jax_amp_scale.training.scaling import (
     unscale_and_check,
     value_and_grad,
 )
+from jax_amp_scale.training.watch import watch_amax, watch_probes
 
 __all__ = [
     "AmaxScaler",
@@ -68,6 +69,8 @@ __all__ = [
     "unscale_and_check",
     "update_scale",
     "value_and_grad",
+    "watch_amax",
+    "watch_probes",
 ]
 
 

@@ -91,6 +91,18 @@ def test_transformer_lm_torch_agrees_step_by_step():
 
 
 @pytest.mark.slow
+def test_overflow_first_watches_see_the_first_overflow(tmp_path):
+    pytest.importorskip("flax")
+    out = tmp_path / "overflow_first.json"
+    args = ["--train-steps", "0", "--models", "transformer", "--max-log2", "26"]
+    stdout = run_example(
+        "overflow_first.py", *args, "--cost-reps", "3", "--check", "--out", str(out)
+    )
+    assert "all checks passed" in stdout
+    assert out.with_suffix(".md").read_text().count("| transformer | init |") == 2
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "args", "needs"),
     [

@@ -268,10 +268,10 @@ def test_update_has_torch_polarity():
 
 
 def test_public_surface():
-    """About 27 names, and dir() shows nothing else (no importlib, Any, subpackages)."""
+    """About 29 names, and dir() shows nothing else (no importlib, Any, subpackages)."""
     import jax_amp_scale.optax  # noqa: F401  (a loaded subpackage must not show either)
 
-    assert len(jas.__all__) == 27 and len(set(jas.__all__)) == 27
+    assert len(jas.__all__) == 29 and len(set(jas.__all__)) == 29
     assert dir(jas) == sorted([*jas.__all__, "__version__"])
     for name in jas.__all__:
         assert getattr(jas, name) is not None
