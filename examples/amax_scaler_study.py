@@ -306,6 +306,17 @@ def floor_table(rows: dict[str, list[float]]) -> str:
     return "\n".join(lines)
 
 
+def float32_only_share(r: Run) -> dict[str, float]:
+    """How often, and by how much, the float32-only leaves (LayerNorm, embedding,
+    position) set the step's amax above the float16-path leaves', over applied steps."""
+    ok = ~r.skipped & np.isfinite(r.amax) & (r.amax_f16 > 0)
+    gap = np.log2(r.amax[ok] / r.amax_f16[ok]) if ok.any() else np.zeros(0)
+    return {
+        "float32_only_sets_amax": float(np.mean(gap > 0)) if gap.size else float("nan"),
+        "float32_only_gap_log2": float(np.max(gap, initial=0.0)),
+    }
+
+
 def records(results: dict[tuple[str, int, str], Run], stress: list[Variant],
             sample_every: int) -> list[dict[str, Any]]:  # fmt: skip
     """One plain record per run: the figures the tables and the docs show."""
@@ -325,6 +336,7 @@ def records(results: dict[tuple[str, int, str], Run], stress: list[Variant],
             "past_65504_float16_path": over16, "largest_float16_path": top16,
             "past_65504_all_leaves": over_all, "largest_all_leaves": top_all,
             "growth_log2": growth(r.amax, r.skipped, spikes.get(v)),
+            **float32_only_share(r),
             "seconds": r.seconds,
         })  # fmt: skip
     return out
