@@ -109,17 +109,23 @@ def objective_factor(cfg: lm.Config) -> np.float32:
     return np.float32(cfg.batch * cfg.context / cfg.global_batch_tokens)
 
 
-def scaler_for(kind: str, v: Variant, cfg: lm.Config) -> Any:
+def scaler_for(kind: str, v: Variant, cfg: lm.Config, params: Any = None) -> Any:
     if kind == "dynamic":
         init = cfg.init_scale if v.init_scale is None else v.init_scale
         return jas.dynamic_scaler(init, growth_interval=cfg.growth_interval)
     first = AMAX_INIT[kind] if v.init_scale is None else v.init_scale
-    return jas.amax_scaler(init_scale=first, micro_batches=v.accumulate)
+    measure = None
+    if kind == "amax-f16":  # the float16-path leaves only set the amax
+        measure = jax.tree_util.tree_map_with_path(
+            lambda k, _: on_float16_path(jax.tree_util.keystr(k)), params
+        )
+    return jas.amax_scaler(init_scale=first, micro_batches=v.accumulate, measure=measure)
 
 
 # The amax scaler's first scale: its default (1: no knowledge needed, no
 # overflow, but small gradients underflow on that one step), or torch's 2**16.
-AMAX_INIT = {"amax": 1.0, "amax16": 2.0**16}
+# amax-f16: the default first scale, the amax of the float16-path leaves only.
+AMAX_INIT = {"amax": 1.0, "amax16": 2.0**16, "amax-f16": 1.0}
 
 
 # The leaves whose gradient a float16 matrix product computes (the Linear
@@ -178,7 +184,7 @@ def train_jax(cfg: lm.Config, kind: str, v: Variant, data: np.ndarray, held_out:
     graphdef, params = nnx.split(lm.make_model(cfg, dtype), nnx.Param)
     graph32, _ = nnx.split(lm.make_model(cfg, jnp.float32), nnx.Param)
     adam = optax.adam(v.learning_rate)
-    tx = adam if kind == "float32" else loss_scaled(adam, scaler_for(kind, v, cfg))
+    tx = adam if kind == "float32" else loss_scaled(adam, scaler_for(kind, v, cfg, params))
     if v.accumulate > 1 and kind != "float32":
         tx = accumulate_gradients(tx, v.accumulate)
     opt_state = tx.init(params)
@@ -538,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
             if v.global_batch_tokens is not None:
                 cfg = cfg._replace(global_batch_tokens=v.global_batch_tokens)
             for kind in stress_kinds:
-                if kind in AMAX_INIT and kind != "amax" and v.init_scale is not None:
+                if kind == "amax16" and v.init_scale is not None:
                     continue  # the variant sets the first scale: the amax run itself
                 results[(v.name, seed, kind)] = one(cfg, kind, v)
 

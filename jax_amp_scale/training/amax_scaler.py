@@ -65,6 +65,7 @@ class AmaxScaler(ScalerBase):
     compute_dtype: str = "float16"
     leaf_paths: tuple[str, ...] = ()
     drop_overflow_update: bool = True
+    measured: tuple[bool, ...] = ()
 
     REASONS: ClassVar[dict[int, str]] = {
         _NO_STEP: "no step yet",
@@ -76,6 +77,7 @@ class AmaxScaler(ScalerBase):
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "leaf_paths", tuple(self.leaf_paths))  # JSON gives a list
+        object.__setattr__(self, "measured", tuple(bool(m) for m in self.measured))
 
     @property
     def largest(self) -> float:
@@ -119,8 +121,21 @@ class AmaxScaler(ScalerBase):
                 jnp.concatenate([found.astype(jnp.float32)[None], per_leaf]), axis_name
             )
             found, per_leaf = both[0] > 0, both[1:]
-        amax = jnp.max(per_leaf, initial=0.0)
+        amax = jnp.max(per_leaf[self._measured_index(grads)], initial=0.0)
         return grads, found, self.update(found, amax=amax, leaf_amax=per_leaf)
+
+    def _measured_index(self, grads: PyTree) -> Any:
+        """The floating leaves whose amax sets the scale: all, or those `measured` marks."""
+        leaves = jax.tree.leaves(grads)
+        if not self.measured:
+            return slice(None)
+        if len(leaves) != len(self.measured):
+            raise ValueError(
+                f"amax_scaler(measure=...) marked {len(self.measured)} leaves, but the gradients "
+                f"have {len(leaves)}: pass measure a tree of bools shaped like the gradients"
+            )
+        floating = [m for m, g in zip(self.measured, leaves, strict=True) if is_float_leaf(g)]
+        return np.flatnonzero(np.asarray(floating, bool))
 
     def update(
         self,
@@ -288,6 +303,7 @@ def amax_scaler(
     compute_dtype: Any = jnp.float16,
     per_leaf: PyTree = None,
     drop_overflow_update: bool = True,
+    measure: PyTree = None,
 ) -> AmaxScaler:
     """An `AmaxScaler`: a power-of-two scale set from the step's amax, ahead of overflow.
 
@@ -331,11 +347,33 @@ def amax_scaler(
         step's amax is then kept per floating leaf, named by ``jax.tree_util.keystr`` path
         (`AmaxScaler.leaf_report`).
       drop_overflow_update: skip non-finite steps (default True).
+      measure: None (default: every floating gradient sets the amax), or a pytree shaped like
+        the gradients with a bool per leaf: only the leaves marked True set it, the float16-path
+        leaves whose gradient a float16 computation produces.  A leaf that stays float32
+        (LayerNorm, an embedding kept in float32) cannot overflow float16 and, left in, holds
+        the scale lower than it needs to be (docs/guide/amax-scaler.md); ``found_inf`` still
+        checks every leaf.  At least one leaf must be marked.
     """
     m, k, nb = _checked_counts(margin, micro_batches, max_backoffs)
     lo, hi, init = _checked_scales(min_scale, max_scale, init_scale)
     name, paths = _compute_dtype_name(compute_dtype), _leaf_paths(per_leaf)
-    return _fresh(init, m, k, lo, hi, nb, name, paths, drop_overflow_update)
+    fresh = _fresh(init, m, k, lo, hi, nb, name, paths, drop_overflow_update)
+    return dataclasses.replace(fresh, measured=_measured(measure))
+
+
+def _measured(measure: PyTree) -> tuple[bool, ...]:
+    """`measure`'s leaves as bools, in tree_flatten order; () for None."""
+    if measure is None:
+        return ()
+    flags = jax.tree.leaves(measure)
+    if not flags or not all(isinstance(f, bool | np.bool_) for f in flags):
+        raise ValueError(
+            "measure must be None or a pytree of bools shaped like the gradients (True: the "
+            f"leaf's gradient sets the amax); got leaves {[type(f).__name__ for f in flags][:4]}"
+        )
+    if not any(flags):
+        raise ValueError("measure must mark at least one leaf True (None measures them all)")
+    return tuple(bool(f) for f in flags)
 
 
 def _checked_counts(margin: Any, micro_batches: Any, max_backoffs: Any) -> tuple[int, int, int]:
@@ -424,5 +462,6 @@ register_scaler(
         "compute_dtype",
         "leaf_paths",
         "drop_overflow_update",
+        "measured",
     ],
 )
