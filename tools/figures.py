@@ -483,6 +483,12 @@ def block_amax_past_line() -> str:
     )
 
 
+def block_amax_scales() -> str:
+    d, _ = _study()
+    kinds = [k for k in d["settings"]["kinds"] if k != "float32"]
+    return _per_run_table(d, kinds, lambda r: f"{r['mean_log2_scale']:.2f}")
+
+
 def block_amax_leaf_groups() -> str:
     d, _ = _study()
     return _per_run_table(
@@ -665,6 +671,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "amax-past-line": block_amax_past_line,
     "amax-growth": block_amax_growth,
     "amax-leaf-groups": block_amax_leaf_groups,
+    "amax-scales": block_amax_scales,
 }
 
 

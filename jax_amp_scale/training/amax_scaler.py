@@ -321,10 +321,8 @@ def amax_scaler(
       next = clip(next, min_scale, max_scale)
 
     so decreases take effect at once, increases are at most x2 per step, and the scale stays a
-    power of two (unscaling is exact).  ``run`` is the number of non-finite steps in a row
-    before this one: a NaN the model makes walks the scale down by ``max_backoffs +
-    log2(length)`` halvings, not to `min_scale`.  A non-finite step is skipped as with any
-    scaler (``drop_overflow_update``).
+    power of two (unscaling is exact).  ``run``: the non-finite steps in a row before this one
+    (a NaN the model makes walks the scale down ``max_backoffs + log2(length)`` halvings).
 
     Args:
       margin: log2 of the headroom kept below ``F`` (default 5, measured on the transformer
@@ -334,31 +332,26 @@ def amax_scaler(
         of two in [min_scale, max_scale].
       min_scale, max_scale: powers of two bounding the scale (defaults 2**-24 and 2**24; for
         bfloat16/float32 compute, whose ``F`` is ~3e38, ``max_scale`` is the scale in practice).
-      micro_batches: gradients averaged into one step (accumulation window times replicas);
-        adds ``ceil(log2(micro_batches))`` to the margin, since the amax is read from the
-        average.  An int >= 1.
+      micro_batches: gradients averaged into one step (accumulation window times replicas),
+        an int >= 1; adds ``ceil(log2(micro_batches))`` to the margin (the amax of an average).
       max_backoffs: non-finite steps in a row that back off although the finite entries stayed
-        below ``T`` (an inf in one place or NaNs that may or may not be the scale's); after them
-        only the 8th, 16th, 32nd, ... in a row do, so a NaN the model makes does not walk the
-        scale to `min_scale`, and a real overflow is still left.  Int in [0, 64].
-      compute_dtype: the dtype the backward pass runs in: ``float16`` (default), ``bfloat16``
-        or ``float32``.
+        below ``T``; after them only the 8th, 16th, 32nd, ... in a row do, so a NaN the model
+        makes does not walk the scale to `min_scale`.  Int in [0, 64].
+      compute_dtype: the backward pass's dtype: ``float16`` (default), ``bfloat16``, ``float32``.
       per_leaf: None (default), or a pytree shaped like the gradients (the params): the last
         step's amax is then kept per floating leaf, named by ``jax.tree_util.keystr`` path
         (`AmaxScaler.leaf_report`).
       drop_overflow_update: skip non-finite steps (default True).
-      measure: None (default: every floating gradient sets the amax), or a pytree shaped like
-        the gradients with a bool per leaf: only the leaves marked True set it, the float16-path
-        leaves whose gradient a float16 computation produces.  A leaf that stays float32
-        (LayerNorm, an embedding kept in float32) cannot overflow float16 and, left in, holds
-        the scale lower than it needs to be (docs/guide/amax-scaler.md); ``found_inf`` still
-        checks every leaf.  At least one leaf must be marked.
+      measure: None (default: every floating gradient sets the amax), or a pytree of bools
+        shaped like the gradients: only the leaves marked True (the float16-path ones) set it;
+        a float32-only leaf cannot overflow float16 and would hold the scale lower.
+        ``found_inf`` still checks every leaf.
     """
     m, k, nb = _checked_counts(margin, micro_batches, max_backoffs)
     lo, hi, init = _checked_scales(min_scale, max_scale, init_scale)
     name, paths = _compute_dtype_name(compute_dtype), _leaf_paths(per_leaf)
     fresh = _fresh(init, m, k, lo, hi, nb, name, paths, drop_overflow_update)
-    return dataclasses.replace(fresh, measured=_measured(measure))
+    return dataclasses.replace(fresh, measured=_measured(measure))  # () measures every leaf
 
 
 def _measured(measure: PyTree) -> tuple[bool, ...]:

@@ -74,7 +74,7 @@ def test_compile_targets_name_each_model_and_size():
         "- 3. Compile time, growth exponent (1 = linear): plain (10->100: 1.00); "
         "ours loss_scaled[auto] (10->100: 1.00).",
         "- Compile time within 1.3x of plain, MLP training step, 10 parameter leaves: "
-        "**missed** (worst of ours 1.31x).",
+        "**not met** (worst of ours 1.31x).",
         "- 3. Compile time, dense layers, growth exponent (1 = linear): plain (10->100: 0.90); "
         "ours loss_scaled[auto] (10->100: 0.90).",
     ]

@@ -14,6 +14,7 @@ Needs CMake, a C++17 compiler, nanobind and jaxlib (``pip install -e
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -66,11 +67,24 @@ def _run(cmd: list[str], tries: int = 1) -> None:
 
 
 def build() -> Path:
-    """Configures (first time) and builds the module; returns its path."""
+    """Configures (first time) and builds the module; returns its path.
+
+    One build at a time per build directory (a file lock): parallel test
+    workers (``pytest -n``) each ask for the module."""
+    out = build_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return _build(out)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build(out: Path) -> Path:
     cmake = shutil.which("cmake")
     if cmake is None:
         raise RuntimeError(f"cmake is needed to build the test extension {MODULE}")
-    out = build_dir()
     # Configured every time (about a second): a changed JAS_SANITIZE or
     # Python reconfigures the same directory instead of reusing stale flags.
     cmd = [
