@@ -202,7 +202,7 @@ def plot(tables: list[_harness.Table], path: Path, workloads: tuple[str, ...] = 
     if not by:
         return
     names = {w: list(dict.fromkeys(r.name for t in ts for r in t.rows)) for w, ts in by.items()}
-    heights = [0.32 * len(n) + 1.4 for n in names.values()]
+    heights = [0.32 * len(n) + 1.9 for n in names.values()]
     fig, axes = plt.subplots(len(by), 1, figsize=(10, sum(heights)), squeeze=False,
                              gridspec_kw={"height_ratios": heights})  # fmt: skip
     for ax, (w, ts) in zip(axes[:, 0], by.items(), strict=True):
@@ -226,12 +226,14 @@ def plot(tables: list[_harness.Table], path: Path, workloads: tuple[str, ...] = 
             ax.barh(ys, xs, height=0.8 / len(ts), label=t.title[:70], color=f"C{k}")
             for x, y in zip(xs, ys, strict=True):
                 ax.text(x, y, f" {x:.2f}", va="center", fontsize=6)
-        ax.set_yticks(range(len(names[w])), [n[:60] for n in names[w]], fontsize=7)
+        # The row names without their parenthesised detail (the tables keep it).
+        labels = [n.split(" (")[0][:50] for n in names[w]]
+        ax.set_yticks(range(len(names[w])), labels, fontsize=7)
         ax.set(ylim=(len(names[w]) - 0.5, -0.5), xlabel="median time ratio to the baseline")
         ax.set_xlim(0, max(r.ratio or 0 for t in ts for r in t.rows) * 1.15)
         ax.axvline(1.0, color="k", lw=0.8)
         ax.grid(alpha=0.3, axis="x")
-        ax.legend(fontsize=6, loc="lower right")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
