@@ -313,6 +313,24 @@ def _transformer_figures(out: dict[str, Fig]) -> None:
         out[f"lm_mean.{mode}.eval_loss"] = Fig(f"{m['eval_loss']:.4f}", src)
 
 
+OVERFLOW_FIRST = ROOT / "examples" / "results" / "overflow_first.json"
+
+
+def _overflow_figures(out: dict[str, Fig]) -> None:
+    """examples/overflow_first.py's own results file (its machine, command and date inside)."""
+    d, src = _json(OVERFLOW_FIRST), "examples/results/overflow_first.json"
+    c = d["excess_precision_check"]
+    out["overflow.excess.compared"] = Fig(str(c["values_compared"]), src)
+    out["overflow.excess.changed"] = Fig(str(len(c["changed"])), src)
+    m = d["machine"]
+    load = m["load average at start"]
+    out["source.overflow_first"] = Fig(
+        f"`{src}`: jax {m['jax']}, jaxlib {m['jaxlib']}, {m['cores (os.cpu_count)']}-core "
+        f"{m['cpu']}, load average at the start {load[0]:.2f}, {d['date']}, `{d['command']}`",
+        src,
+    )
+
+
 def _provenance_figures(out: dict[str, Fig]) -> None:
     for name in sorted(p.stem for p in RESULTS.glob("*.json")):
         p = result(name)["provenance"]
@@ -334,7 +352,7 @@ def figures() -> dict[str, Fig]:
     _target_figures(out, values)
     if "multidevice" in bench_runs():
         _multidevice_figures(out)
-    for group in (_demo_figures, _transformer_figures, amax_figures):
+    for group in (_demo_figures, _transformer_figures, amax_figures, _overflow_figures):
         try:
             group(out)
         except FileNotFoundError:
