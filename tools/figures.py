@@ -71,16 +71,23 @@ def _decimals(spread: float, most: int = 3) -> int:
     return max(0, min(most, -math.floor(math.log10(spread))))
 
 
+def _digits(median: float, spread: float) -> int:
+    """The spread's digits, and at most three significant ones."""
+    lead = math.floor(math.log10(abs(median))) if median else 0
+    return max(0, min(_decimals(spread), 2 - lead))
+
+
 def ratio_text(values: list[float], unit: str = "x") -> str:
     """``0.78x (±0.03)``: the median and the spread, at the spread's digits."""
     med, sp = statistics.median(values), spread_of(values)
-    d = _decimals(sp)
-    return f"{med:.{d}f}{unit} (±{sp:.{d}f})" if sp > 0 else f"{med:.{d}f}{unit}"
+    d = _digits(med, sp)
+    return f"{med:.{d}f}{unit} (±{sp:.{_decimals(sp)}f})" if sp > 0 else f"{med:.{d}f}{unit}"
 
 
 def median_text(values: list[float], unit: str = "x") -> str:
     """The median alone at the spread's digits (for ranges and table cells)."""
-    return f"{statistics.median(values):.{_decimals(spread_of(values))}f}{unit}"
+    med = statistics.median(values)
+    return f"{med:.{_digits(med, spread_of(values))}f}{unit}"
 
 
 def seconds_text(s: float) -> str:

@@ -25,7 +25,10 @@ def fig_role(name: str, rawtext: str, text: str, lineno: int, inliner: Any, opti
     except KeyError as e:
         msg = inliner.reporter.error(str(e), line=lineno)
         return [inliner.problematic(rawtext, rawtext, msg)], [msg]
-    return [nodes.Text(value)], []
+    # A provenance line holds `code` spans (a path, a command): literal nodes.
+    parts = value.split("`")
+    out = [nodes.literal(p, p) if i % 2 else nodes.Text(p) for i, p in enumerate(parts) if p]
+    return out, []
 
 
 def setup(app: Any) -> dict[str, Any]:

@@ -313,8 +313,8 @@ def amax_scaler(
     ``s``; ``k(a)``: the largest integer with ``a * 2**k <= T``, +inf for ``a == 0``)::
 
       finite step:      next = s * 2**min(k(a), 1)      (first finite step: s * 2**k(a))
-      non-finite step, no finite step yet and s > 1:  next = min(1, s * 2**(min(k(a), 0) - 1))
-                        (the probe scale 1, lower if the finite entries ask; reason 1)
+      no finite step yet, s > 1:  next = min(1, s * 2**(min(k(a), 0) - 1))
+                        (a non-finite step: the probe scale 1, or lower; reason 1)
       non-finite step, a >= T or run < max_backoffs or run + 1 a power of two:
                         next = s * 2**(min(k(a), 0) - 1)          (reason 1: overflow)
       other non-finite: next = s        (reason 2: not the scale's doing)

@@ -166,10 +166,11 @@ def test_every_results_file_says_where_it_came_from():
 @pytest.mark.parametrize(
     ("values", "text"),
     [
-        ([1.0, 1.0, 1.0], "1.000x"),  # no spread: three digits
+        ([1.0, 1.0, 1.0], "1.00x"),  # no spread: three significant digits
+        ([150.0, 157.0, 160.0], "157x (±2)"),  # half the IQR, 2.5, at its own digit
         ([0.95, 1.0, 1.05, 1.1, 0.9], "1.00x (±0.05)"),
         ([0.7, 1.0, 1.3, 1.6, 0.4], "1.0x (±0.3)"),
-        ([1.029, 1.031, 1.030, 1.032, 1.028], "1.030x (±0.001)"),
+        ([1.029, 1.031, 1.030, 1.032, 1.028], "1.03x (±0.001)"),
     ],
 )
 def test_a_timing_has_no_more_digits_than_its_spread(values, text):
