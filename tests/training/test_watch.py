@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import jax_amp_scale as jas
+from tests import jax_compat
 
 DTYPES = [jnp.float16, jnp.bfloat16, jnp.float32]
 
@@ -166,13 +167,14 @@ def test_remat_and_a_probe_used_twice_sums():
     assert float(jax.grad(f, argnums=1)(x, jnp.float32(0))) == 9.0
 
 
+@pytest.mark.xfail(jax_compat.BEFORE_0_7, reason=jax_compat.GRAD_OF_VARYING_LOSS, strict=True)
 def test_shard_map_on_one_device_runs():
     mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
 
     def loss(x, p):
         return jnp.sum(jas.watch_amax(x, p) * jnp.array([1.0, -5.0]))
 
-    f = jax.shard_map(
+    f = jax_compat.shard_map(  # jax.shard_map from 0.7 on, the experimental one before
         jax.grad(loss, argnums=1),
         mesh=mesh,
         in_specs=(jax.sharding.PartitionSpec("data"), jax.sharding.PartitionSpec()),
