@@ -10,7 +10,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_amp_scale as jas
-from tests.jax_compat import BEFORE_0_7, shard_map
+from tests.jax_compat import BEFORE_0_7, GRAD_OF_VARYING_LOSS, shard_map
 
 NO_VMA = "jax < 0.7 has no varying-axes types: a shared probe's gradient is a sum there"
 
@@ -66,6 +66,7 @@ def test_shard_map_unchecked_sums_the_devices_amaxes_as_documented():
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+@pytest.mark.xfail(BEFORE_0_7, reason=GRAD_OF_VARYING_LOSS, strict=True)
 def test_shard_map_per_device_probes_are_each_devices_own():
     x, w, _ = _data()
     f = shard_map(
