@@ -47,7 +47,8 @@ class AmaxScaler(ScalerBase):
     ``leaf_amax`` (float32, one per named leaf; None unless asked).
     Static: ``margin``, ``micro_batches``, ``min_scale``, ``max_scale``,
     ``max_backoffs``, ``compute_dtype`` (a dtype name), ``leaf_paths``,
-    ``drop_overflow_update``.
+    ``drop_overflow_update``, ``measured`` (one bool per gradient leaf: the
+    leaves whose amax sets the scale; () for all).
     """
 
     state: ScaleState
@@ -135,6 +136,8 @@ class AmaxScaler(ScalerBase):
                 f"have {len(leaves)}: pass measure a tree of bools shaped like the gradients"
             )
         floating = [m for m, g in zip(self.measured, leaves, strict=True) if is_float_leaf(g)]
+        if not any(floating):  # an empty max would read 0 and grow the scale to max_scale
+            raise ValueError("amax_scaler(measure=...) marks no floating leaf of the gradients")
         return np.flatnonzero(np.asarray(floating, bool))
 
     def update(

@@ -88,3 +88,10 @@ def test_the_mask_survives_a_round_trip_through_the_pytree():
     scaler = jas.amax_scaler(measure=MASK)
     leaves, tree = jax.tree.flatten(scaler)
     assert jax.tree.unflatten(tree, leaves).measured == (False, False, True)  # ln, step, w
+
+
+def test_a_mask_marking_no_floating_leaf_is_refused_at_trace_time():
+    # Only the int leaf marked: an empty amax would read 0 and grow the scale to its top.
+    scaler = jas.amax_scaler(measure={"ln": False, "w": False, "step": True})
+    with pytest.raises(ValueError, match="marks no floating leaf"):
+        jax.jit(lambda s, g: s.unscale_and_update(g)).lower(scaler, GRADS)
