@@ -11,8 +11,12 @@ five ways:
   ``dynamic_scaler(2**15, growth_interval=50)`` (the example's settings);
 - ``torch``: the torch twin (``transformer_lm_torch.py``) under CPU autocast
   float16 with ``torch.amp.GradScaler`` and the same settings;
-- ``amax``: float16 matrix products, ``loss_scaled`` with ``amax_scaler()``;
-- ``amax16``: the same with ``amax_scaler(init_scale=2**16)``, torch's first scale.
+- ``amax``: float16 matrix products, ``loss_scaled`` with ``amax_scaler()``
+  (first scale 2**16, torch's);
+- ``amax1``: the same with ``amax_scaler(init_scale=1.0)``, the probe scale
+  (the default before 0.9);
+- ``amax-f16``: ``amax_scaler(measure=...)`` with the Linear layers marked:
+  only the float16-path leaves set the amax.
 
 for each seed (the seed picks the initial weights and the batch order), and
 then the stress variants (``--stress-seeds``, by default the same seeds).
@@ -25,6 +29,12 @@ step, mid-run).  The same four with ``-mean``: the plain per-batch mean as
 the loss (``--global-batch-tokens 2048``, what a single-device loop
 differentiates; gradients 128 times larger), for twice ``--steps``: there
 the reactive scalers meet the overflow line.
+
+``--grads float16`` trains the all-float16 model instead: the parameters
+are cast to float16 before ``jax.grad``, so every gradient leaf is float16
+(as in O3 or half-precision fine-tuning) and an overflow is a real inf that
+skips the step.  They are copied into float32 before the scaler and Adam, as
+master weights do.  Its runs are kept apart in the cache and the output.
 
 Per run it records the loss, the scale, whether the step was skipped and the
 step's amax (largest |gradient| of the parameters, unscaled, float32): the
@@ -113,19 +123,20 @@ def scaler_for(kind: str, v: Variant, cfg: lm.Config, params: Any = None) -> Any
     if kind == "dynamic":
         init = cfg.init_scale if v.init_scale is None else v.init_scale
         return jas.dynamic_scaler(init, growth_interval=cfg.growth_interval)
-    first = AMAX_INIT[kind] if v.init_scale is None else v.init_scale
+    first = AMAX_INIT.get(kind) if v.init_scale is None else v.init_scale
+    start = {} if first is None else {"init_scale": first}
     measure = None
     if kind == "amax-f16":  # the float16-path leaves only set the amax
         measure = jax.tree_util.tree_map_with_path(
             lambda k, _: on_float16_path(jax.tree_util.keystr(k)), params
         )
-    return jas.amax_scaler(init_scale=first, micro_batches=v.accumulate, measure=measure)
+    return jas.amax_scaler(micro_batches=v.accumulate, measure=measure, **start)
 
 
-# The amax scaler's first scale: its default (1: no knowledge needed, no
-# overflow, but small gradients underflow on that one step), or torch's 2**16.
-# amax-f16: the default first scale, the amax of the float16-path leaves only.
-AMAX_INIT = {"amax": 1.0, "amax16": 2.0**16, "amax-f16": 1.0}
+# The amax scaler's first scale where it is not the default (2**16, torch's):
+# amax1 starts at the probe scale 1 (no overflow, but small gradients
+# underflow on that one step), the default before 0.9.
+AMAX_INIT = {"amax1": 1.0}
 
 
 # The leaves whose gradient a float16 matrix product computes (the Linear
@@ -178,9 +189,22 @@ def underflow_fraction(g16: Any, g32: Any) -> jax.Array:
     return lost / live
 
 
+def to_float16(tree: Any) -> Any:
+    return jax.tree.map(lambda x: x.astype(jnp.float16), tree)
+
+
+def to_float32(tree: Any) -> Any:
+    return jax.tree.map(lambda x: x.astype(jnp.float32), tree)
+
+
 def train_jax(cfg: lm.Config, kind: str, v: Variant, data: np.ndarray, held_out: np.ndarray,
-              sample_every: int) -> Run:  # fmt: skip
+              sample_every: int, grads: str = "mixed") -> Run:  # fmt: skip
     dtype = jnp.float32 if kind == "float32" else jnp.float16
+    # The all-float16 model differentiates float16 parameters: float16 gradients
+    # (an overflow is an inf), copied into float32 for the scaler and the
+    # optimizer, as master weights do (float16 Adam moments would underflow).
+    all16 = grads == "float16" and kind != "float32"
+    as_diffed, master = (to_float16, to_float32) if all16 else ((lambda t: t),) * 2
     graphdef, params = nnx.split(lm.make_model(cfg, dtype), nnx.Param)
     graph32, _ = nnx.split(lm.make_model(cfg, jnp.float32), nnx.Param)
     adam = optax.adam(v.learning_rate)
@@ -204,7 +228,8 @@ def train_jax(cfg: lm.Config, kind: str, v: Variant, data: np.ndarray, held_out:
         mults = spike * scale
         total, losses, amax, amax16 = None, [], jnp.float32(0), jnp.float32(0)
         for w in jnp.split(win, k):
-            g, mean = jax.grad(objective, has_aux=True)(p, w, mults)
+            g, mean = jax.grad(objective, has_aux=True)(as_diffed(p), w, mults)
+            g = master(g)
             losses.append(mean)
             amax = jnp.maximum(amax, amax_of(g))  # scaled units
             amax16 = jnp.maximum(amax16, amax_of(g, float16_path_only=True))
@@ -231,7 +256,7 @@ def train_jax(cfg: lm.Config, kind: str, v: Variant, data: np.ndarray, held_out:
 
     @jax.jit
     def sample(p: Any, win: jax.Array, scale: jax.Array) -> jax.Array:
-        g16 = jax.grad(lambda q: objective(q, win, scale)[0])(p)
+        g16 = jax.grad(lambda q: objective(q, win, scale)[0])(as_diffed(p))
         g32 = jax.grad(lambda q: objective(q, win, jnp.float32(1), graph32)[0])(p)
         return underflow_fraction(g16, g32)
 
@@ -482,7 +507,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--kinds", default="float32,dynamic,torch,amax,amax16")
+    p.add_argument("--kinds", default="float32,dynamic,torch,amax,amax1,amax-f16")
+    p.add_argument(
+        "--grads", choices=["mixed", "float16"], default="mixed",
+        help="mixed: float32 parameters (default); float16: the all-float16 model",
+    )
     p.add_argument("--stress", default=",".join(STRESS), help="'' for none")
     p.add_argument("--stress-seeds", default=None, help="the stress variants' (default: --seeds)")
     p.add_argument("--stress-kinds", default=None, help="the stress variants' (default: --kinds)")
@@ -498,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     kinds = [k for k in args.kinds.split(",") if k]
     stress_kinds = kinds if args.stress_kinds is None else args.stress_kinds.split(",")
+    if args.grads == "float16" and "torch" in kinds + stress_kinds:
+        p.error("--grads float16: the torch twin keeps float32 parameters; leave torch out")
     seeds = [int(s) for s in args.seeds.split(",") if s]
     stress_seeds = (
         seeds if args.stress_seeds is None else [int(s) for s in args.stress_seeds.split(",")]
@@ -513,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def one(cfg: lm.Config, kind: str, v: Variant) -> Run:
         width = "" if cfg.d_model == lm.Config().d_model else f"_d{cfg.d_model}"
+        width += "_g16" if args.grads == "float16" else ""
         path = cache / f"{v.name}_{cfg.seed}_{kind}_{cfg.steps}_{cfg.layers}{width}.npz"
         if path.exists() and kind not in rerun:
             z = np.load(path)
@@ -526,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         if kind == "torch":
             r = train_torch(cfg, v, data, held_out, args.sample_every)
         else:
-            r = train_jax(cfg, kind, v, data, held_out, args.sample_every)
+            r = train_jax(cfg, kind, v, data, held_out, args.sample_every, args.grads)
         print(f"  {v.name:>12} seed {cfg.seed} {kind:>8}: skipped {int(r.skipped.sum()):>2}, "
               f"eval {r.eval_loss:.4f}, underflow {r.underflow:.1e} (first step {r.first_underflow:.2f}), "
               f"amax growth log2 {growth(r.amax, r.skipped, v.spike_step):.2f}, {r.seconds:.0f} s", flush=True)  # fmt: skip
@@ -544,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
             if v.global_batch_tokens is not None:
                 cfg = cfg._replace(global_batch_tokens=v.global_batch_tokens)
             for kind in stress_kinds:
-                if kind == "amax16" and v.init_scale is not None:
+                if kind == "amax1" and v.init_scale is not None:
                     continue  # the variant sets the first scale: the amax run itself
                 results[(v.name, seed, kind)] = one(cfg, kind, v)
 
@@ -557,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out_dir / "amax_study.md").write_text(text)
     summary = {
         "settings": {"steps": args.steps, "seeds": seeds, "stress_seeds": stress_seeds, "stress_kinds": stress_kinds,
-                     "kinds": kinds, "layers": args.layers, "d_model": args.d_model,
+                     "kinds": kinds, "layers": args.layers, "d_model": args.d_model, "grads": args.grads,
                      "sample_every": args.sample_every, "margin_default": 5},
         "runs": records(results, stress, args.sample_every),
         "floor": {"scales": FLOOR_SCALES, **floors},

@@ -35,8 +35,9 @@ from tests import _amax_oracle as amax_oracle
 
 
 def m4(**kwargs):
-    """The worked examples use margin 4 (T = 4094), one below the default."""
-    return jas.amax_scaler(4, **kwargs)
+    """The worked examples use margin 4 (T = 4094), one below the default, and
+    start at scale 1 (the default start is 2**16) unless told otherwise."""
+    return jas.amax_scaler(4, **{"init_scale": 1.0, **kwargs})
 
 
 TRACES = Path(__file__).resolve().parents[2] / "fixtures" / "amax_traces.json"
@@ -99,7 +100,7 @@ def test_exact_power_of_two_boundary():
 
 def test_margin_and_micro_batches_move_the_target():
     # margin 6 + ceil(log2(3)) = 8: T = 65504 / 256 = 255.875
-    k = jas.amax_scaler(6, micro_batches=3)
+    k = jas.amax_scaler(6, micro_batches=3, init_scale=1.0)
     assert k.target == 65504 / 256
     scales, _, _ = drive(k, [(False, 1.0), (False, 0.25)])
     assert scales == [1.0, 128.0, 256.0]  # 255.875 / 1 -> 2**7; then /0.25 = 1023 -> 2**9, x2
@@ -363,7 +364,7 @@ def test_update_over_axis_name_reduces_every_amax():
 def test_default_margin_is_the_measured_one():
     k = jas.amax_scaler()
     assert (k.margin, k.micro_batches, k.max_backoffs) == (5, 1, 4)
-    assert k.target == 65504 / 32 and float(k.scale) == 1.0
+    assert k.target == 65504 / 32 and float(k.scale) == 2.0**16  # torch's first scale
     assert (k.min_scale, k.max_scale, k.compute_dtype) == (2.0**-24, 2.0**24, "float16")
 
 

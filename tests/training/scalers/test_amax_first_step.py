@@ -1,0 +1,110 @@
+"""amax_scaler's first step: torch's first scale, then the rule's.
+
+The default start is GradScaler's 2**16, so the first step's float16
+gradients are GradScaler's bit for bit (no more underflow than torch's
+first step), and a finite first step jumps straight to the scale the amax
+asks for.  When 2**16 overflows, the next step runs at the probe scale 1
+and the one after at the rule's: one skipped step, where torch's GradScaler
+(the real one, below) halves once per skipped step.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jax_amp_scale as jas
+from jax_amp_scale.optax import get_loss_scaled_state, loss_scaled
+
+torch = pytest.importorskip("torch")
+
+TARGET = 65504.0 / 2**5  # the default margin's line
+
+
+def test_the_default_start_is_torchs():
+    assert float(jas.amax_scaler().scale) == torch.amp.GradScaler("cpu").get_scale() == 2.0**16
+
+
+def _float16_model():
+    x = jax.random.normal(jax.random.key(0), (64, 16))
+    y = jnp.sin(x).sum(axis=1, keepdims=True) * 1e-3  # small gradients, as late in training
+    params = {
+        "w": jax.random.normal(jax.random.key(1), (16, 32)) * 0.3,
+        "v": jax.random.normal(jax.random.key(2), (32, 1)) * 1e-3,
+    }
+
+    def loss_fn(p):
+        p16, x16 = jax.tree.map(lambda a: a.astype(jnp.float16), (p, x))
+        return jnp.mean((jnp.tanh(x16 @ p16["w"]) @ p16["v"] - y) ** 2).astype(jnp.float32)
+
+    return params, loss_fn
+
+
+def _first_step(scaler):
+    params, loss_fn = _float16_model()
+    tx = loss_scaled(optax.sgd(0.1), scaler)
+    state = tx.init(params)
+    grads = jax.grad(lambda p: jas.scale_loss(loss_fn(p), state))(params)
+    updates, state = jax.jit(tx.update)(grads, state, params)
+    return grads, updates, get_loss_scaled_state(state)
+
+
+def test_the_first_step_is_gradscalers_bit_for_bit():
+    g_amax, u_amax, s_amax = _first_step(jas.amax_scaler())
+    g_dyn, u_dyn, s_dyn = _first_step(jas.dynamic_scaler())  # torch's rule, from 2**16
+    for a, b in zip(jax.tree.leaves((g_amax, u_amax)), jax.tree.leaves((g_dyn, u_dyn)), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert int(s_amax.skipped_steps) == int(s_dyn.skipped_steps) == 0
+    # ... and the next scale is the rule's at once: the largest power of two
+    # that keeps this step's amax (unscaled: the measured one / 2**16) under the line.
+    g = max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(g_amax)) / 2.0**16
+    e = 0
+    while g * 2.0 ** (e + 1) <= TARGET:
+        e += 1
+    assert float(s_amax.scale) == 2.0**e > 2.0**16
+
+
+def _ours_until_finite(g, steps=20):
+    """Skipped steps of amax_scaler() on gradients `g` (unscaled) that pass
+    through float16 at the scale, until a step applies; and the scale after it."""
+    tx = loss_scaled(optax.sgd(0.1), jas.amax_scaler())
+    params = {"w": jnp.zeros(g.shape)}
+    state = tx.init(params)
+    update = jax.jit(tx.update)
+    for _ in range(steps):
+        scale = np.float32(get_loss_scaled_state(state).scale)
+        scaled = {"w": jnp.asarray((g * scale).astype(np.float16).astype(np.float32))}
+        _, state = update(scaled, state, params)
+        if int(state.skipped_steps) < int(state.total_steps):
+            return int(state.skipped_steps), float(get_loss_scaled_state(state).scale)
+    raise AssertionError("never finite")
+
+
+def _torch_until_finite(g, steps=20):
+    """Skipped steps of torch's GradScaler (CPU, defaults) on the same gradients:
+    a float32 parameter used in float16, as under autocast."""
+    p = torch.nn.Parameter(torch.zeros(g.shape))
+    opt = torch.optim.SGD([p], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    for skipped in range(steps):
+        opt.zero_grad()
+        loss = (p.half() * torch.tensor(g).half()).float().sum()  # d loss / d p = g, via float16
+        scaler.scale(loss).backward()
+        before = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        if scaler.get_scale() >= before:
+            return skipped
+    raise AssertionError("never finite")
+
+
+@pytest.mark.parametrize("largest", [2.0, 8.0, 100.0])
+def test_an_overflowing_first_step_costs_one_skip(largest):
+    g = np.array([largest, 1e-3, -0.5], np.float32)  # finite unscaled; inf at 2**16 in float16
+    ours, scale = _ours_until_finite(g)
+    theirs = _torch_until_finite(g)
+    assert ours == 1 < theirs  # torch halves once per skip: log2 of the excess
+    assert scale * largest <= TARGET < 2 * scale * largest  # then the rule's scale at once
