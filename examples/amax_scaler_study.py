@@ -509,7 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--kinds", default="float32,dynamic,torch,amax,amax1,amax-f16")
     p.add_argument(
-        "--grads", choices=["mixed", "float16"], default="mixed",
+        "--grads",
+        choices=["mixed", "float16"],
+        default="mixed",
         help="mixed: float32 parameters (default); float16: the all-float16 model",
     )
     p.add_argument("--stress", default=",".join(STRESS), help="'' for none")

@@ -55,7 +55,9 @@ def _first_step(scaler):
 def test_the_first_step_is_gradscalers_bit_for_bit():
     g_amax, u_amax, s_amax = _first_step(jas.amax_scaler())
     g_dyn, u_dyn, s_dyn = _first_step(jas.dynamic_scaler())  # torch's rule, from 2**16
-    for a, b in zip(jax.tree.leaves((g_amax, u_amax)), jax.tree.leaves((g_dyn, u_dyn)), strict=True):
+    for a, b in zip(
+        jax.tree.leaves((g_amax, u_amax)), jax.tree.leaves((g_dyn, u_dyn)), strict=True
+    ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert int(s_amax.skipped_steps) == int(s_dyn.skipped_steps) == 0
     # ... and the next scale is the rule's at once: the largest power of two
