@@ -304,3 +304,20 @@ def test_probe_trace_counts_package_files():
     assert head == f"package files entered: {len(files)}" and files
     assert all(f.strip().endswith(".py") and not f.strip().startswith("/") for f in files)
     assert any("loss_scaled" in f for f in files)  # the optax transformation's own module
+
+
+def test_ab_unscale_alternates_the_sides(tmp_path):
+    """bench/ab_unscale.py with this Python on both sides: every run is
+    recorded with finite figures (ours less the floor may be noise at 1 MiB:
+    finite only), the order flips every round, and each side has a summary."""
+    pytest.importorskip("torch")
+    out = tmp_path / "ab.json"
+    args = ("--labels", "a", "b", "--mib", "1", "--reps", "1", "--rounds", "2")
+    _run_script("ab_unscale.py", sys.executable, sys.executable, *args, "--out", str(out))
+    data = json.loads(out.read_text())
+    assert [r["side"] for r in data["runs"]] == ["a", "b", "b", "a"]
+    for run in data["runs"]:
+        figs = [run[k] for k in ("ours_over_torch", "in_program_over_torch", "torch_ms")]
+        assert all(math.isfinite(v) and v > 0 for v in figs), run
+        assert math.isfinite(run["ours_less_floor_over_torch"]), run
+    assert set(data["summary"]["1"]) == {"a", "b"} and data["cpu"]
