@@ -479,15 +479,16 @@ def plot(runs: dict[str, Run], path: Path, title: str) -> bool:
     except ImportError:
         return False
     fig, axes = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
-    for name, r in runs.items():
+    for i, (name, r) in enumerate(runs.items()):
         steps = np.arange(1, len(r.loss) + 1)
+        color = f"C{i}"  # one colour per scaler in every panel
         if name != "float32":
-            axes[0].semilogy(steps, r.scale, label=name)
+            axes[0].semilogy(steps, r.scale, label=name, color=color)
             axes[1].semilogy(steps, np.where(r.skipped, np.nan, r.amax * r.scale) / 65504.0,
-                             label=name)  # fmt: skip
+                             label=name, color=color)  # fmt: skip
             bad = np.flatnonzero(r.skipped) + 1
             axes[0].plot(bad, r.scale[bad - 1], "x", color="k")
-        axes[2].plot(steps, r.loss, label=name, lw=1)
+        axes[2].plot(steps, r.loss, label=name, lw=1, color=color)
     axes[0].set_ylabel("loss scale (x: skipped)")
     axes[1].set_ylabel("scaled amax / 65504")
     axes[1].axhline(2.0**-5, color="grey", ls=":", lw=1)  # the default margin

@@ -25,6 +25,7 @@ figure.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -388,8 +389,16 @@ def provenance_line(p: dict[str, Any], where: str) -> str:
 # ---- the amax study ------------------------------------------------------------
 
 
-def _study() -> tuple[dict[str, Any], str]:
-    return result("amax_study")["data"], "results/amax_study.json"
+# figure prefix -> the study's results file: the transformer example (float32
+# parameters, float16 matrix products), the all-float16 model (--grads
+# float16) and the example at about 5x its parameters (--d-model 128
+# --layers 3, default settings only).
+STUDIES = {"amax": "amax_study", "all16": "amax_study_f16", "large": "amax_study_large"}
+
+
+def _study(prefix: str = "amax") -> tuple[dict[str, Any], str]:
+    name = STUDIES[prefix]
+    return result(name)["data"], f"results/{name}.json"
 
 
 def _runs(d: dict[str, Any], variant: str, kind: str) -> list[dict[str, Any]]:
@@ -406,44 +415,53 @@ def _gap(d: dict[str, Any], variant: str, kind: str) -> float:
 
 
 def amax_figures(out: dict[str, Fig]) -> None:
-    d, src = _study()
+    for prefix in STUDIES:
+        try:
+            _study_figures(out, prefix)
+        except FileNotFoundError:
+            continue  # not recorded yet: a block or role that needs it fails by name
+
+
+def _study_figures(out: dict[str, Fig], prefix: str) -> None:
+    d, src = _study(prefix)
     ev32 = [r["eval_loss"] for r in _runs(d, "default", "float32")]
-    out["amax.default.seeds"] = Fig(str(len(ev32)), src)
-    out["amax.default.spread"] = Fig(f"{max(ev32) - min(ev32):.4f}", src)
+    out[f"{prefix}.default.seeds"] = Fig(str(len(ev32)), src)
+    out[f"{prefix}.default.spread"] = Fig(f"{max(ev32) - min(ev32):.4f}", src)
     for kind in d["settings"]["kinds"]:
         runs = _runs(d, "default", kind)
-        out[f"amax.default.{kind}.skipped"] = Fig(", ".join(str(r["skipped"]) for r in runs), src)
-        out[f"amax.default.{kind}.gap"] = Fig(f"{_gap(d, 'default', kind):+.4f}", src)
+        skipped = ", ".join(str(r["skipped"]) for r in runs)
+        out[f"{prefix}.default.{kind}.skipped"] = Fig(skipped, src)
+        out[f"{prefix}.default.{kind}.gap"] = Fig(f"{_gap(d, 'default', kind):+.4f}", src)
         first = [r["first_underflow"] for r in runs if not math.isnan(r["first_underflow"])]
         if first:
-            out[f"amax.default.{kind}.first_underflow"] = Fig(f"{max(first):.1%}", src)
+            out[f"{prefix}.default.{kind}.first_underflow"] = Fig(f"{max(first):.2%}", src)
     growth = max((r for r in d["runs"] if not math.isnan(r["growth_log2"])),
                  key=lambda r: r["growth_log2"])  # fmt: skip
-    out["amax.growth.max"] = Fig(f"{growth['growth_log2']:.2f}", src)
-    out["amax.growth.where"] = Fig(
+    out[f"{prefix}.growth.max"] = Fig(f"{growth['growth_log2']:.2f}", src)
+    out[f"{prefix}.growth.where"] = Fig(
         f"{growth['variant']}, seed {growth['seed']}, {growth['kind']}", src
     )
     shares = [r for r in d["runs"] if not math.isnan(r.get("float32_only_sets_amax", math.nan))]
     if shares:
         lo = min(r["float32_only_sets_amax"] for r in shares)
         hi = max(r["float32_only_sets_amax"] for r in shares)
-        out["amax.float32_only.share"] = Fig(f"{lo:.0%}-{hi:.0%}", src)
+        out[f"{prefix}.float32_only.share"] = Fig(f"{lo:.0%}-{hi:.0%}", src)
         gap = max(r["float32_only_gap_log2"] for r in shares)
-        out["amax.float32_only.gap"] = Fig(f"{gap:.2f}", src)
+        out[f"{prefix}.float32_only.gap"] = Fig(f"{gap:.2f}", src)
     for v in sorted({r["variant"] for r in d["runs"]} - {"default"}):
         for kind in d["settings"]["kinds"]:
             if runs := _runs(d, v, kind):
                 skips = ", ".join(str(r["skipped"]) for r in runs)
-                out[f"amax.{v}.{kind}.skipped"] = Fig(skips, src)
+                out[f"{prefix}.{v}.{kind}.skipped"] = Fig(skips, src)
 
 
 def _cell(xs: Iterable[Any], f: Callable[[Any], str]) -> str:
     return ", ".join(f(x) for x in xs)
 
 
-def block_amax_default() -> str:
-    d, _ = _study()
-    spread = fig("amax.default.spread")
+def block_amax_default(prefix: str = "amax") -> str:
+    d, _ = _study(prefix)
+    spread = fig(f"{prefix}.default.spread")
     lines = ["| scaler | skipped steps per seed | eval loss per seed | mean gap to float32 |",
              "| --- | --- | --- | --- |"]  # fmt: skip
     for kind in d["settings"]["kinds"]:
@@ -456,12 +474,12 @@ def block_amax_default() -> str:
     return "\n".join(lines) + f"\n\nfloat32's own spread over the seeds: {spread}.\n"
 
 
-def block_amax_source() -> str:
-    return f"- {fig('source.amax_study')}\n"
+def block_amax_source(prefix: str = "amax") -> str:
+    return f"- {fig('source.' + STUDIES[prefix])}\n"
 
 
-def block_amax_stress() -> str:
-    d, _ = _study()
+def block_amax_stress(prefix: str = "amax") -> str:
+    d, _ = _study(prefix)
     kinds = [k for k in d["settings"]["kinds"] if k != "float32"]
     variants = sorted({r["variant"] for r in d["runs"]} - {"default"})
     lines = ["| variant | steps | " + " | ".join(kinds) + " |", "| --- " * (len(kinds) + 2) + "|"]
@@ -492,30 +510,36 @@ def _per_run_table(d: dict[str, Any], cols: list[str], cell: Callable[[dict], st
     return "\n".join(lines) + "\n"
 
 
-def block_amax_underflow() -> str:
-    d, _ = _study()
+def block_amax_underflow(prefix: str = "amax") -> str:
+    d, _ = _study(prefix)
     kinds = [k for k in d["settings"]["kinds"] if k not in ("float32", "torch")]
     return _per_run_table(
         d, kinds, lambda r: f"{r['scale_underflow']:.0e} ({r['first_scale_underflow']:.0e})"
     )
 
 
-def block_amax_past_line() -> str:
-    d, _ = _study()
+def block_amax_first_step(prefix: str = "amax") -> str:
+    d, _ = _study(prefix)
+    kinds = [k for k in d["settings"]["kinds"] if k not in ("float32", "torch")]
+    return _per_run_table(d, kinds, lambda r: f"{r['first_underflow']:.1e}")
+
+
+def block_amax_past_line(prefix: str = "amax") -> str:
+    d, _ = _study(prefix)
     kinds = [k for k in d["settings"]["kinds"] if k != "float32"]
     return _per_run_table(
         d, kinds, lambda r: f"{r['past_65504_float16_path']} ({r['largest_float16_path']:.2f})"
     )
 
 
-def block_amax_scales() -> str:
-    d, _ = _study()
+def block_amax_scales(prefix: str = "amax") -> str:
+    d, _ = _study(prefix)
     kinds = [k for k in d["settings"]["kinds"] if k != "float32"]
     return _per_run_table(d, kinds, lambda r: f"{r['mean_log2_scale']:.2f}")
 
 
-def block_amax_leaf_groups() -> str:
-    d, _ = _study()
+def block_amax_leaf_groups(prefix: str = "amax") -> str:
+    d, _ = _study(prefix)
     return _per_run_table(
         d,
         d["settings"]["kinds"],
@@ -523,8 +547,8 @@ def block_amax_leaf_groups() -> str:
     )
 
 
-def block_amax_growth() -> str:
-    d, _ = _study()
+def block_amax_growth(prefix: str = "amax") -> str:
+    d, _ = _study(prefix)
     return _per_run_table(d, d["settings"]["kinds"], lambda r: f"{r['growth_log2']:.2f}")
 
 
@@ -659,7 +683,7 @@ def block_transformer_summary() -> str:
 
 
 def block_readme_amax() -> str:
-    d, _ = _study()
+    d, _ = _study("amax")
     stress = sorted({r["variant"] for r in d["runs"]} - {"default"})
     pairs = "; ".join(
         f"`{v}` {fig(f'amax.{v}.amax.skipped')} against {fig(f'amax.{v}.dynamic.skipped')}"
@@ -673,8 +697,10 @@ def block_readme_amax() -> str:
         f"{fig('amax.default.amax.skipped')} steps in its {fig('amax.default.seeds')} seeds "
         f"(`dynamic_scaler`: {fig('amax.default.dynamic.skipped')}); under stress on the plain "
         f"per-batch mean loss, skipped steps against `dynamic_scaler`'s (torch's rule): {pairs} "
-        "([every run](docs/guide/amax-scaler-runs.md)).  It is not torch's rule, and its first "
-        "step runs at scale 1 ([guide](docs/guide/amax-scaler.md)).\n"
+        "([every run](docs/guide/amax-scaler-runs.md)); on the all-float16 model, where every "
+        f"gradient is float16, {fig('all16.default.amax.skipped')} (`dynamic_scaler`: "
+        f"{fig('all16.default.dynamic.skipped')}).  It is not torch's rule; its first step is "
+        "`GradScaler`'s, at `2**16` ([guide](docs/guide/amax-scaler.md)).\n"
     )
 
 
@@ -689,15 +715,28 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "compile-table": block_compile_table,
     "pass-table": block_pass_table,
     "targets": block_targets,
-    "amax-source": block_amax_source,
-    "amax-default": block_amax_default,
-    "amax-stress": block_amax_stress,
-    "amax-underflow": block_amax_underflow,
-    "amax-past-line": block_amax_past_line,
-    "amax-growth": block_amax_growth,
-    "amax-leaf-groups": block_amax_leaf_groups,
-    "amax-scales": block_amax_scales,
 }
+# Each study's tables: "amax-default" for the transformer, "all16-default" for
+# the all-float16 model, ...: the parts each study's page shows.
+_STUDY_BLOCKS = {
+    "source": block_amax_source,
+    "default": block_amax_default,
+    "stress": block_amax_stress,
+    "first-step": block_amax_first_step,
+    "underflow": block_amax_underflow,
+    "past-line": block_amax_past_line,
+    "growth": block_amax_growth,
+    "scales": block_amax_scales,
+    "leaf-groups": block_amax_leaf_groups,
+}
+_SHOWN = {
+    "amax": list(_STUDY_BLOCKS),
+    "all16": [p for p in _STUDY_BLOCKS if p != "leaf-groups"],  # no float32-only leaf
+    "large": ["source", "default", "first-step", "scales", "leaf-groups"],
+}
+for _prefix, _parts in _SHOWN.items():
+    for _part in _parts:
+        BLOCKS[f"{_prefix}-{_part}"] = functools.partial(_STUDY_BLOCKS[_part], _prefix)
 
 
 def render(text: str) -> str:
