@@ -330,10 +330,9 @@ def amax_scaler(
     Args:
       margin: log2 of the headroom kept below ``F`` (default 5, measured on the transformer
         example: docs/guide/amax-scaler.md); an int in [0, 24].
-      init_scale: the first step's scale (default 2**16, torch's: the first step underflows no
-        more than GradScaler's, and the first finite step then jumps straight to the rule's
-        scale; if it overflows, the next step runs at the probe scale 1, where no gradient that
-        is finite unscaled can overflow); a power of two in [min_scale, max_scale].
+      init_scale: the first step's scale, a power of two in [min_scale, max_scale] (default
+        2**16: GradScaler's first step, bit for bit; if it overflows, the next runs at the probe
+        scale 1, where no gradient finite unscaled can overflow, and the one after at the rule's).
       min_scale, max_scale: powers of two bounding the scale (defaults 2**-24 and 2**24; for
         bfloat16/float32 compute, whose ``F`` is ~3e38, ``max_scale`` is the scale in practice).
       micro_batches: gradients averaged into one step (accumulation window times replicas),
