@@ -386,8 +386,20 @@ def test_study_script_runs(tmp_path):
         args = ["--steps", "4", "--seeds", "0", "--kinds", "float32,dynamic,amax"]
         args += ["--stress", "spike", "--layers", "1", "--sample-every", "2"]
         assert study.main([*args, "--out-dir", str(tmp_path)]) == 0
+        # The all-float16 model: its own cache entries, and no torch twin.
+        all16 = tmp_path / "all16"
+        tiny = ["--steps", "4", "--seeds", "0", "--stress", "", "--layers", "1"]
+        tiny += ["--sample-every", "2", "--out-dir", str(all16), "--grads", "float16"]
+        assert study.main([*tiny, "--kinds", "float32,amax,amax1"]) == 0
+        with pytest.raises(SystemExit):
+            study.main([*tiny, "--kinds", "float32,torch"])
     finally:
         sys.path.remove(str(examples))
+    got = json.loads((all16 / "amax_study.json").read_text())
+    assert got["settings"]["grads"] == "float16"
+    assert {p.name for p in (all16 / "runs").iterdir()} == {
+        f"default_0_{k}_4_1_g16.npz" for k in ("amax", "amax1", "float32")
+    }
     table = (tmp_path / "amax_study.md").read_text()
     assert "| amax | 0 |" in table and "| spike |" in table
     assert json.loads((tmp_path / "amax_traces.json").read_text())["default/0/amax"]["amax"]
