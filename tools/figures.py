@@ -682,13 +682,18 @@ def block_transformer_summary() -> str:
     )
 
 
-def block_readme_amax() -> str:
-    d, _ = _study("amax")
+def _stress_pairs(prefix: str) -> str:
+    """``accum8-mean` 0 against 3; ...`: the study's skips against dynamic_scaler's."""
+    d, _ = _study(prefix)
     stress = sorted({r["variant"] for r in d["runs"]} - {"default"})
-    pairs = "; ".join(
-        f"`{v}` {fig(f'amax.{v}.amax.skipped')} against {fig(f'amax.{v}.dynamic.skipped')}"
+    return "; ".join(
+        f"`{v}` {fig(f'{prefix}.{v}.amax.skipped')} against "
+        f"{fig(f'{prefix}.{v}.dynamic.skipped')}"
         for v in stress
     )
+
+
+def block_readme_amax() -> str:
     return (
         "- **A scaler that avoids overflow.** `amax_scaler()` sets the next power-of-two scale "
         "from the step's largest gradient, measured in the same pass, so that it stays a fixed "
@@ -696,11 +701,11 @@ def block_readme_amax() -> str:
         "one.  On the transformer example at default settings it skipped "
         f"{fig('amax.default.amax.skipped')} steps in its {fig('amax.default.seeds')} seeds "
         f"(`dynamic_scaler`: {fig('amax.default.dynamic.skipped')}); under stress on the plain "
-        f"per-batch mean loss, skipped steps against `dynamic_scaler`'s (torch's rule): {pairs} "
-        "([every run](docs/guide/amax-scaler-runs.md)); on the all-float16 model, where every "
-        f"gradient is float16, {fig('all16.default.amax.skipped')} (`dynamic_scaler`: "
-        f"{fig('all16.default.dynamic.skipped')}).  It is not torch's rule; its first step is "
-        "`GradScaler`'s, at `2**16` ([guide](docs/guide/amax-scaler.md)).\n"
+        "per-batch mean loss, skipped steps against `dynamic_scaler`'s (torch's rule), per "
+        f"seed: {_stress_pairs('amax')}; on the all-float16 model, where every gradient is "
+        f"float16: {_stress_pairs('all16')} ([every run](docs/guide/amax-scaler-runs.md)).  "
+        "It is not torch's rule; its first step is `GradScaler`'s, at `2**16` "
+        "([guide](docs/guide/amax-scaler.md)).\n"
     )
 
 
