@@ -521,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-every", type=int, default=25)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--d-model", type=int, default=64, help="the model's width (heads: 4)")
+    p.add_argument("--learning-rate", type=float, default=2e-3, help="the default runs' (2e-3)")
     p.add_argument("--out-dir", type=Path, default=Path("examples/out"))
     p.add_argument("--plot", type=Path, default=None, help="where the PNG goes")
     p.add_argument(
@@ -542,12 +543,14 @@ def main(argv: list[str] | None = None) -> int:
     stress = [variants[s] for s in args.stress.split(",") if s]
 
     rerun = {k for k in args.rerun.split(",") if k}
+    default = Variant("default", learning_rate=args.learning_rate)
+    lr = "" if args.learning_rate == 2e-3 else f"_lr{args.learning_rate:g}"
     cache = args.out_dir / "runs"
     cache.mkdir(exist_ok=True)
 
     def one(cfg: lm.Config, kind: str, v: Variant) -> Run:
         width = "" if cfg.d_model == lm.Config().d_model else f"_d{cfg.d_model}"
-        width += "_g16" if args.grads == "float16" else ""
+        width += ("_g16" if args.grads == "float16" else "") + (lr if v is default else "")
         path = cache / f"{v.name}_{cfg.seed}_{kind}_{cfg.steps}_{cfg.layers}{width}.npz"
         if path.exists() and kind not in rerun:
             z = np.load(path)
@@ -570,9 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[tuple[str, int, str], Run] = {}
     for seed in seeds:
         for kind in kinds:
-            results[("default", seed, kind)] = one(
-                base._replace(seed=seed), kind, Variant("default")
-            )
+            results[("default", seed, kind)] = one(base._replace(seed=seed), kind, default)
     for v in stress:
         for seed in stress_seeds:
             cfg = base._replace(seed=seed, steps=v.steps or args.steps)
@@ -593,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "settings": {"steps": args.steps, "seeds": seeds, "stress_seeds": stress_seeds, "stress_kinds": stress_kinds,
                      "kinds": kinds, "layers": args.layers, "d_model": args.d_model, "grads": args.grads,
+                     "learning_rate": args.learning_rate,
                      "sample_every": args.sample_every, "margin_default": 5},
         "runs": records(results, stress, args.sample_every),
         "floor": {"scales": FLOOR_SCALES, **floors},
