@@ -392,8 +392,13 @@ def provenance_line(p: dict[str, Any], where: str) -> str:
 # figure prefix -> the study's results file: the transformer example (float32
 # parameters, float16 matrix products), the all-float16 model (--grads
 # float16) and the example at about 5x its parameters (--d-model 128
-# --layers 3, default settings only).
-STUDIES = {"amax": "amax_study", "all16": "amax_study_f16", "large": "amax_study_large"}
+# --layers 3, default settings only), at learning rates 1e-3 and 2e-3.
+STUDIES = {
+    "amax": "amax_study",
+    "all16": "amax_study_f16",
+    "large": "amax_study_large",
+    "large_lr2e3": "amax_study_large_lr2e-3",
+}
 
 
 def _study(prefix: str = "amax") -> tuple[dict[str, Any], str]:
@@ -738,6 +743,7 @@ _SHOWN = {
     "amax": list(_STUDY_BLOCKS),
     "all16": [p for p in _STUDY_BLOCKS if p != "leaf-groups"],  # no float32-only leaf
     "large": ["source", "default", "first-step", "scales", "leaf-groups"],
+    "large_lr2e3": ["source", "default"],
 }
 for _prefix, _parts in _SHOWN.items():
     for _part in _parts:

@@ -510,6 +510,28 @@ def test_the_examples_pages_say_the_study_takes_hours():
                 assert "amax_scaler_study" in para, f"{_where(page)}: {para[:160]}"
 
 
+def test_the_study_run_count_is_what_its_defaults_run():
+    """The pages' "N training runs" is counted from the study's own defaults."""
+    import sys
+
+    pytest.importorskip("flax")
+    source = (EXAMPLES / "amax_scaler_study.py").read_text()
+    kinds = re.search(r'"--kinds", default="([^"]+)"', source).group(1).split(",")
+    seeds = re.search(r'"--seeds", default="([^"]+)"', source).group(1).split(",")
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import amax_scaler_study as study
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    stress = study.stress_variants(150)
+    # A variant that sets the first scale runs amax1 as amax (main() skips it).
+    skipped = sum(v.init_scale is not None for v in stress) * ("amax1" in kinds)
+    runs = len(seeds) * len(kinds) * (1 + len(stress)) - len(seeds) * skipped
+    for page in (DOCS / "examples.md", EXAMPLES / "README.md"):
+        said = re.findall(r"\((\d+)\s+training\s+runs", page.read_text())
+        assert said == [str(runs)], (_where(page), said, runs)
+
+
 # ---- without the compiled module: the same bits per operator --------------
 
 
