@@ -692,8 +692,7 @@ def _stress_pairs(prefix: str) -> str:
     d, _ = _study(prefix)
     stress = sorted({r["variant"] for r in d["runs"]} - {"default"})
     return "; ".join(
-        f"`{v}` {fig(f'{prefix}.{v}.amax.skipped')} against "
-        f"{fig(f'{prefix}.{v}.dynamic.skipped')}"
+        f"`{v}` {fig(f'{prefix}.{v}.amax.skipped')} against {fig(f'{prefix}.{v}.dynamic.skipped')}"
         for v in stress
     )
 
