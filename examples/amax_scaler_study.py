@@ -14,7 +14,7 @@ five ways:
 - ``amax``: float16 matrix products, ``loss_scaled`` with ``amax_scaler()``
   (first scale 2**16, torch's);
 - ``amax1``: the same with ``amax_scaler(init_scale=1.0)``, the probe scale
-  (the default before 0.9);
+  (the default until the first step moved to torch's);
 - ``amax-f16``: ``amax_scaler(measure=...)`` with the Linear layers marked:
   only the float16-path leaves set the amax.
 
@@ -135,7 +135,7 @@ def scaler_for(kind: str, v: Variant, cfg: lm.Config, params: Any = None) -> Any
 
 # The amax scaler's first scale where it is not the default (2**16, torch's):
 # amax1 starts at the probe scale 1 (no overflow, but small gradients
-# underflow on that one step), the default before 0.9.
+# underflow on that one step), the default until it moved to torch's.
 AMAX_INIT = {"amax1": 1.0}
 
 
