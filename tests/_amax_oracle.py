@@ -62,7 +62,7 @@ class Config:
     max_scale: float = 2.0**24
     max_backoffs: int = 4
     compute_dtype: str = "float16"
-    init_scale: float = 1.0
+    init_scale: float = 2.0**16
 
     @property
     def target(self) -> float:

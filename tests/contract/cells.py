@@ -38,6 +38,7 @@ from tests import _amax_oracle as amax_oracle
 LR, MOMENTUM = 0.25, 0.5
 INIT_SCALE, GROWTH_INTERVAL, STATIC_SCALE = 16.0, 2, 8.0
 MAX_NORM = 1.5
+AMAX_INIT = amax_oracle.Config().init_scale  # amax_scaler()'s own start, 2**16
 STEPS = 8
 OVERFLOW_AT = (2, 5)  # steps whose batch holds inf (2) or NaN (5)
 
@@ -318,7 +319,7 @@ CLIPPED: list[bool] = []  # whether each oracle step clipped (tests check some d
 
 
 def initial_scale(rule: str) -> float:
-    return {"dynamic": INIT_SCALE, "static": STATIC_SCALE, "none": 1.0, "amax": 1.0}[rule]
+    return {"dynamic": INIT_SCALE, "static": STATIC_SCALE, "none": 1.0, "amax": AMAX_INIT}[rule]
 
 
 def oracle(
