@@ -126,7 +126,10 @@ def main(argv: list[str] | None = None) -> dict:
             for label in args.labels if k % 2 == 0 else args.labels[::-1]:
                 run = {"leaves": leaves, "round": k, "side": label}
                 run["load_1min"] = round(os.getloadavg()[0], 2)
-                run |= {key: round(v, 4) for key, v in one_run(sides[label], leaves, args).items()}
+                # Four significant digits, not places: under load a ratio can
+                # fall below 1e-4 and must not be recorded as 0.
+                figs = one_run(sides[label], leaves, args)
+                run |= {key: float(f"{v:.4g}") for key, v in figs.items()}
                 record["runs"].append(run)
                 record["summary"] = summary(record["runs"])
                 Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
