@@ -62,7 +62,7 @@ class Config:
     max_scale: float = 2.0**24
     max_backoffs: int = 4
     compute_dtype: str = "float16"
-    init_scale: float = 2.0**16
+    init_scale: float | None = None  # None: 2**16 clipped into [min_scale, max_scale]
 
     @property
     def target(self) -> float:
@@ -86,6 +86,8 @@ class Oracle:
         lo_e, hi_e = _exponent_of(self.lo), _exponent_of(self.hi)
         self.candidates = [2.0**e for e in range(hi_e, lo_e - 1, -1)]  # the largest first
         self.scale = config.init_scale
+        if self.scale is None:
+            self.scale = min(max(2.0**16, self.lo), self.hi)
         self.run = 0  # non-finite steps in a row before this one
         self.finite_steps = 0
 

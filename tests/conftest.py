@@ -68,10 +68,11 @@ def pytest_collection_finish(session):
 
     names = {item.name for item in session.items} & set(md.MARKERS)
     if names:
-        session.config.stash[md.TIERS] = {name: md.Tier(md.MARKERS[name]) for name in names}
+        session.config.stash[md.TIERS] = {name: md.Tier(name) for name in names}
 
 
-def pytest_sessionfinish(session):
+def pytest_sessionfinish(session, exitstatus):
     md = sys.modules.get("tests.test_multidevice")
+    interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
     for tier in session.config.stash.get(md.TIERS, {}).values() if md else ():
-        tier.stop()
+        tier.stop(interrupted)

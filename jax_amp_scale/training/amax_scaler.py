@@ -298,7 +298,7 @@ _COMPUTE_DTYPES = ("float16", "bfloat16", "float32")
 def amax_scaler(
     margin: int = 5,
     *,
-    init_scale: float = 2.0**16,
+    init_scale: float | None = None,
     min_scale: float = 2.0**-24,
     max_scale: float = 2.0**24,
     micro_batches: int = 1,
@@ -330,9 +330,9 @@ def amax_scaler(
     Args:
       margin: log2 of the headroom kept below ``F`` (default 5, measured on the transformer
         example: docs/guide/amax-scaler.md); an int in [0, 24].
-      init_scale: the first step's scale, a power of two in [min_scale, max_scale] (default
-        2**16: GradScaler's first step, bit for bit; if it overflows, the next runs at the probe
-        scale 1, where no gradient finite unscaled can overflow, and the one after at the rule's).
+      init_scale: the first step's scale, a power of two in [min_scale, max_scale]; None
+        (default): 2**16 clipped into them, GradScaler's first step bit for bit (if it overflows,
+        the next runs at the probe scale 1, where no gradient finite unscaled can overflow).
       min_scale, max_scale: powers of two bounding the scale (defaults 2**-24 and 2**24; for
         bfloat16/float32 compute, whose ``F`` is ~3e38, ``max_scale`` is the scale in practice).
       micro_batches: gradients averaged into one step (accumulation window times replicas),
@@ -382,10 +382,15 @@ def _checked_counts(margin: Any, micro_batches: Any, max_backoffs: Any) -> tuple
 
 
 def _checked_scales(min_scale: Any, max_scale: Any, init_scale: Any) -> tuple[float, float, float]:
-    """``(min_scale, max_scale, init_scale)``: powers of two, init_scale between the others."""
+    """``(min_scale, max_scale, init_scale)``: powers of two, init_scale between the others
+    (None: torch's first scale, 2**16, clipped between them)."""
     lo = _power_of_two(min_scale, "min_scale")
     hi = _power_of_two(max_scale, "max_scale")
-    init = _power_of_two(init_scale, "init_scale")
+    if lo > hi:
+        raise ValueError(f"min_scale ({lo}) must not exceed max_scale ({hi})")
+    init = (
+        min(max(2.0**16, lo), hi) if init_scale is None else _power_of_two(init_scale, "init_scale")
+    )
     if not lo <= init <= hi:
         raise ValueError(
             f"init_scale ({init}) must lie within [min_scale, max_scale] = [{lo}, {hi}]"

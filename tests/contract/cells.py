@@ -38,7 +38,7 @@ from tests import _amax_oracle as amax_oracle
 LR, MOMENTUM = 0.25, 0.5
 INIT_SCALE, GROWTH_INTERVAL, STATIC_SCALE = 16.0, 2, 8.0
 MAX_NORM = 1.5
-AMAX_INIT = amax_oracle.Config().init_scale  # amax_scaler()'s own start, 2**16
+AMAX_INIT = 2.0**16  # amax_scaler()'s own start (within its default bounds)
 STEPS = 8
 OVERFLOW_AT = (2, 5)  # steps whose batch holds inf (2) or NaN (5)
 

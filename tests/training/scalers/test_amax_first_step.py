@@ -28,6 +28,20 @@ def test_the_default_start_is_torchs():
     assert float(jas.amax_scaler().scale) == torch.amp.GradScaler("cpu").get_scale() == 2.0**16
 
 
+@pytest.mark.parametrize(
+    ("bounds", "start"),
+    [
+        ({"max_scale": 64.0}, 64.0),
+        ({"min_scale": 2.0**20}, 2.0**20),
+        ({"max_scale": 2.0**16}, 2.0**16),
+    ],
+)
+def test_the_default_start_is_clipped_into_the_bounds_given(bounds, start):
+    # Bounds that leave 2**16 out move the default start (an explicit
+    # init_scale outside them is an error: test_amax_scaler.py).
+    assert float(jas.amax_scaler(**bounds).scale) == start
+
+
 def _float16_model():
     x = jax.random.normal(jax.random.key(0), (64, 16))
     y = jnp.sin(x).sum(axis=1, keepdims=True) * 1e-3  # small gradients, as late in training

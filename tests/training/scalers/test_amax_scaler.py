@@ -298,6 +298,11 @@ def test_export_round_trip_and_pickle():
         ({"init_scale": 3.0}, r"init_scale must be a power of two"),
         ({"max_scale": 1000.0}, r"max_scale must be a power of two"),
         ({"init_scale": 2.0**30}, r"init_scale .* must lie within \[min_scale, max_scale\]"),
+        ({"max_scale": 64.0, "init_scale": 2.0**16}, r"init_scale \(65536.0\) must lie within"),
+        (
+            {"min_scale": 2.0**4, "max_scale": 2.0**2},
+            r"min_scale \(16.0\) must not exceed max_scale",
+        ),
         ({"micro_batches": 0}, r"micro_batches must be an int in \[1,"),
         ({"max_backoffs": 65}, r"max_backoffs must be an int in \[0, 64\]"),
         ({"compute_dtype": jnp.int8}, r"compute_dtype must be one of float16, bfloat16, float32"),
