@@ -8,6 +8,21 @@ a fraction of the examples.
 
 import os
 
+import pytest
+
 
 def examples(n: int) -> int:
     return max(3, n // int(os.environ.get("JAS_EXAMPLES_DIVISOR", "1")))
+
+
+def tiered(values: list, keep: list) -> list:
+    """Values for ``pytest.mark.parametrize``: those in `keep` run in the
+    default tier, the others carry the ``slow`` marker (CI runs them), so that
+    README's test command keeps a few cases of a long grid."""
+    missing = [k for k in keep if k not in values]
+    assert not missing, f"tiered: {missing} are not among the values"
+    slow = pytest.mark.slow
+    return [
+        v if v in keep else pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=slow)
+        for v in values
+    ]

@@ -89,7 +89,16 @@ def test_pages_found():
     assert RUNNABLE, "no docs page with ```python blocks: is docs/ there?"
 
 
-@pytest.mark.parametrize("page", RUNNABLE, ids=_page_id)
+# The longer pages (over 5 s each here) run in the slow tier.
+SLOW_PAGES = {"guide/multi-device.md", "guide/export.md", "guide/training.md", "guide/nnx.md",
+              "guide/porting-torch.md", "guide/porting-flax.md", "guide/porting-jmp.md"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "page",
+    [pytest.param(p, marks=pytest.mark.slow) if _page_id(p) in SLOW_PAGES else p for p in RUNNABLE],
+    ids=_page_id,
+)
 def test_page_code_runs(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     directives = page_directives(page)
     for module in filter(None, re.split(r"[,\s]+", directives.get("requires", ""))):

@@ -45,6 +45,7 @@ def transformer_lm():
         sys.path.remove(str(EXAMPLES))
 
 
+@pytest.mark.slow
 def test_transformer_lm_two_steps_write_the_table(transformer_lm, tmp_path, capsys):
     args = ["--steps", "2", "--layers", "1", "--eval-windows", "8", "--out-dir", str(tmp_path)]
     assert transformer_lm.main([*args, "--modes", "float16+scaling"]) == 0

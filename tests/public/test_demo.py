@@ -32,6 +32,7 @@ def test_main_writes_table_and_png(tmp_path, capsys):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_without_matplotlib_says_so_and_skips(tmp_path, capsys, monkeypatch):
     real_import = builtins.__import__
 
@@ -49,6 +50,7 @@ def test_without_matplotlib_says_so_and_skips(tmp_path, capsys, monkeypatch):
     assert "| skipped           | 0" in text.out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("level, scale", [("O0", "none"), ("O2", "static"), ("O1", "dynamic")])
 def test_levels_and_scales(level, scale):
     r = demo.train(12, level, scale, inject=(4,))
@@ -135,6 +137,7 @@ def test_summary_shows_growth_interval_and_reasons():
     assert "| growth interval   | - (fixed scale)" in demo.summary_table(r, level="O2", scale="s")
 
 
+@pytest.mark.slow
 def test_o3_trains_300_steps_without_nan():
     """Issue 14: O3 skipped 119/120 steps (adam's eps=1e-8 is 0 in float16)."""
     r = demo.train(300, "O3", inject=(100,))
@@ -144,6 +147,7 @@ def test_o3_trains_300_steps_without_nan():
     assert r.eval_loss < 0.2  # float32 O0 reaches 0.123 on this task; O3 0.142
 
 
+@pytest.mark.slow
 def test_plot_with_baseline(tmp_path):
     pytest.importorskip("matplotlib")
     r = demo.train(6, "O2", inject=(2,))

@@ -78,18 +78,21 @@ def test_math_library_is_preferred(double, monkeypatch):
     assert {e["lib"] for e in double.log() if e["ev"] in ("gws", "run")} == {"libopapi_math.so"}
 
 
+@pytest.mark.slow
 def test_older_cann_falls_back_to_libopapi(double, monkeypatch):
     control.use(monkeypatch, double, "legacy")
     home = double.home("legacy")
     assert _load_in_subprocess(monkeypatch)["opapi"] == f"{home}/lib64/libopapi.so"
 
 
+@pytest.mark.slow
 def test_math_library_without_the_operator_is_skipped(double, monkeypatch):
     control.use(monkeypatch, double, "no_op")
     home = double.home("no_op")
     assert _load_in_subprocess(monkeypatch)["opapi"] == f"{home}/lib64/libopapi.so"
 
 
+@pytest.mark.slow
 def test_toolkit_home_is_searched(double, monkeypatch):
     control.use(monkeypatch, double, "full")
     monkeypatch.delenv("ASCEND_HOME_PATH")
@@ -107,6 +110,7 @@ def test_override_variable_wins(double, monkeypatch):
     assert got["nnopbase"] == f"{double.home('legacy')}/lib64/libnnopbase.so"
 
 
+@pytest.mark.slow
 def test_mixed_installation_is_refused(double, monkeypatch):
     # The issue's case: the operator from installation B, ASCEND_HOME_PATH = A.
     # Descriptors made by A's libnnopbase.so must never reach B's operator.
@@ -129,6 +133,7 @@ print(json.dumps(sorted({l.split()[-1] for l in maps.splitlines() if "libnnopbas
 """
 
 
+@pytest.mark.slow
 def test_one_copy_of_libnnopbase_is_mapped(double, monkeypatch):
     control.use(monkeypatch, double, "full")
     out = subprocess.run([sys.executable, "-c", _MAPS], capture_output=True, text=True, check=True)
@@ -136,6 +141,7 @@ def test_one_copy_of_libnnopbase_is_mapped(double, monkeypatch):
     assert only == str(double.root / "full" / "libnnopbase.so")
 
 
+@pytest.mark.slow
 def test_fused_pass_missing_is_reported_not_fatal(double, monkeypatch):
     control.use(monkeypatch, double, "no_nn")
     got = _load_in_subprocess(monkeypatch)
@@ -143,6 +149,7 @@ def test_fused_pass_missing_is_reported_not_fatal(double, monkeypatch):
     assert "aclnnForeachNonFiniteCheckAndUnscale not found" in got["fused_pass_error"]
 
 
+@pytest.mark.slow
 def test_override_without_the_symbols_names_them(double, monkeypatch):
     control.use(monkeypatch, double, "full")
     path = str(double.root / "no_op" / "libopapi_math.so")
@@ -153,6 +160,7 @@ def test_override_without_the_symbols_names_them(double, monkeypatch):
     assert "lacks symbol(s) aclnnAmpUpdateScaleGetWorkspaceSize, aclnnAmpUpdateScale" in msg
 
 
+@pytest.mark.slow
 def test_absent_libraries_list_every_path_searched(double, monkeypatch):
     control.use(monkeypatch, double, "missing")
     monkeypatch.setenv("ASCEND_TOOLKIT_HOME", "/nonexistent/toolkit")

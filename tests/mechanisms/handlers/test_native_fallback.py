@@ -88,6 +88,7 @@ def _common(r: dict) -> None:
     assert r["ffi"].startswith("RuntimeError") and "backend='ffi'" in r["ffi"]
 
 
+@pytest.mark.slow
 def test_missing_module_warns_once_and_the_reference_serves():
     r = _run(_BLOCK)
     _common(r)
@@ -107,6 +108,7 @@ def test_disable_switch_uses_the_reference_silently():
     assert "JAX_AMP_SCALE_DISABLE_NATIVE" in r["load_errors"]["cpu"]
 
 
+@pytest.mark.slow
 def test_switch_off_keeps_the_native_path():
     from jax_amp_scale.mechanisms import handlers
 

@@ -12,6 +12,7 @@ from jax.sharding import PartitionSpec
 import jax_amp_scale as jas
 from jax_amp_scale.mechanisms import handlers
 from jax_amp_scale.operators import unscale_and_check as _fused
+from tests._budget import tiered
 from tests.jax_compat import BEFORE_0_7, LOWERS_EVERY_BRANCH, export_for, set_mesh
 
 pytestmark = pytest.mark.skipif(
@@ -121,7 +122,7 @@ def test_mixed_tree_zero_size_and_non_float_leaves():
     assert bool(_check("ffi")(tree, jnp.float32(0.5))[1])
 
 
-@pytest.mark.parametrize("n_leaves", [1, 64, 65, pytest.param(200, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("n_leaves", tiered([1, 64, 65, 200], keep=[1, 65]))  # 65: two groups
 def test_one_custom_call_per_group_of_leaves(n_leaves):
     """A call per LEAVES_PER_CALL leaves: no per-leaf kernels or reductions."""
     tree = [jnp.ones((64,), jnp.float32) * i for i in range(n_leaves)]

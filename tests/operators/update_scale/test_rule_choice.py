@@ -24,6 +24,7 @@ import pytest
 import jax_amp_scale as jas
 from jax_amp_scale.mechanisms import handlers
 from jax_amp_scale.operators import update_scale as operator
+from tests._budget import tiered
 from tests._cann_rule import cann_guarded
 
 HALF = (jnp.float16, jnp.bfloat16)
@@ -137,7 +138,7 @@ def test_cpu_handler_rejects_an_unknown_rule_attribute():
 @pytest.mark.parametrize("backend", ["reference", "ffi"])
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize(
-    ("gf", "bf"), [(1.1, 0.3), pytest.param(3.0, 1e-3, marks=pytest.mark.slow), (2.0, 0.5)]
+    ("gf", "bf"), tiered([(1.1, 0.3), (3.0, 1e-3), (2.0, 0.5)], keep=[(2.0, 0.5)])
 )
 @pytest.mark.parametrize("found", [False, True])
 def test_cann_rule_every_half_bit_pattern_equals_the_kernel_model(backend, dtype, gf, bf, found):
