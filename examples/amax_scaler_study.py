@@ -521,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-every", type=int, default=25)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--d-model", type=int, default=64, help="the model's width (heads: 4)")
-    p.add_argument("--learning-rate", type=float, default=2e-3, help="the default runs' (2e-3)")
+    p.add_argument("--learning-rate", type=float, default=2e-3,
+                   help="the default runs' and the stress variants' (2e-3); high-lr keeps 1e-2")  # fmt: skip
     p.add_argument("--out-dir", type=Path, default=Path("examples/out"))
     p.add_argument("--plot", type=Path, default=None, help="where the PNG goes")
     p.add_argument(
@@ -539,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     data, held_out = lm.load_corpus()
     base = lm.Config(steps=args.steps, layers=args.layers, d_model=args.d_model)
-    variants = {v.name: v for v in stress_variants(args.steps)}
+    variants = {v.name: v for v in stress_variants(args.steps, args.learning_rate)}
     stress = [variants[s] for s in args.stress.split(",") if s]
 
     rerun = {k for k in args.rerun.split(",") if k}
@@ -550,7 +551,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def one(cfg: lm.Config, kind: str, v: Variant) -> Run:
         width = "" if cfg.d_model == lm.Config().d_model else f"_d{cfg.d_model}"
-        width += ("_g16" if args.grads == "float16" else "") + (lr if v is default else "")
+        width += "_g16" if args.grads == "float16" else ""
+        width += lr if v.learning_rate == args.learning_rate else ""  # high-lr keeps its own
         path = cache / f"{v.name}_{cfg.seed}_{kind}_{cfg.steps}_{cfg.layers}{width}.npz"
         if path.exists() and kind not in rerun:
             z = np.load(path)
@@ -625,17 +627,18 @@ MEAN_TOKENS = 2048
 PICTURED_STRESS = "accum8-mean"  # drawn in a second picture
 
 
-def stress_variants(steps: int) -> list[Variant]:
+def stress_variants(steps: int, learning_rate: float = 2e-3) -> list[Variant]:
     mean = {"global_batch_tokens": MEAN_TOKENS, "steps": 2 * steps}
+    lr = {"learning_rate": learning_rate}
     return [
-        Variant("init2^24", init_scale=2.0**24),
+        Variant("init2^24", init_scale=2.0**24, **lr),
         Variant("high-lr", learning_rate=1e-2),
-        Variant("accum8", accumulate=8),
-        Variant("spike", spike_step=steps // 2),
-        Variant("init2^24-mean", init_scale=2.0**24, **mean),
+        Variant("accum8", accumulate=8, **lr),
+        Variant("spike", spike_step=steps // 2, **lr),
+        Variant("init2^24-mean", init_scale=2.0**24, **mean, **lr),
         Variant("high-lr-mean", learning_rate=1e-2, **mean),
-        Variant("accum8-mean", accumulate=8, **mean),
-        Variant("spike-mean", spike_step=steps, **mean),
+        Variant("accum8-mean", accumulate=8, **mean, **lr),
+        Variant("spike-mean", spike_step=steps, **mean, **lr),
     ]
 
 
