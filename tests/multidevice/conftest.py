@@ -12,8 +12,20 @@ virtual_devices.use(8)
 import jax  # noqa: E402  (after the flag: XLA reads it when JAX starts its backend)
 import pytest  # noqa: E402
 
+# The partitioner this jax uses by default runs in the quick tier, the other
+# in the slow one: each jax CI tests (the oldest too) keeps the default its
+# users get.
+_SHARDY_DEFAULT = jax.config.jax_use_shardy_partitioner
+_OTHER = pytest.mark.slow
 
-@pytest.fixture(params=[True, False], ids=["shardy", "gspmd"])
+
+@pytest.fixture(
+    params=[
+        pytest.param(True, marks=() if _SHARDY_DEFAULT else _OTHER),
+        pytest.param(False, marks=_OTHER if _SHARDY_DEFAULT else ()),
+    ],
+    ids=["shardy", "gspmd"],
+)
 def partitioner(request):
     """Each test once under Shardy and once under GSPMD (jit's caches cleared)."""
     old = jax.config.jax_use_shardy_partitioner
