@@ -17,12 +17,14 @@ def examples(n: int) -> int:
 
 def tiered(values: list, keep: list) -> list:
     """Values for ``pytest.mark.parametrize``: those in `keep` run in the
-    default tier, the others carry the ``slow`` marker (CI runs them), so that
-    README's test command keeps a few cases of a long grid."""
+    default tier, the others carry the ``slow`` and ``trimmed`` markers, so
+    that README's test command keeps a few cases of a long grid (CI runs the
+    rest in the slow tier, and selects ``trimmed`` where it runs a fixed set
+    of files: the oldest jax, the sanitizers)."""
     missing = [k for k in keep if k not in values]
     assert not missing, f"tiered: {missing} are not among the values"
-    slow = pytest.mark.slow
+    marks = (pytest.mark.slow, pytest.mark.trimmed)
     return [
-        v if v in keep else pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=slow)
+        v if v in keep else pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=marks)
         for v in values
     ]

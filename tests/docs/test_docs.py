@@ -92,11 +92,12 @@ def test_pages_found():
 # The longer pages (over 5 s each here) run in the slow tier.
 SLOW_PAGES = {"guide/multi-device.md", "guide/export.md", "guide/training.md", "guide/nnx.md",
               "guide/porting-torch.md", "guide/porting-flax.md", "guide/porting-jmp.md"}  # fmt: skip
+SLOW_MARKS = (pytest.mark.slow, pytest.mark.trimmed)
 
 
 @pytest.mark.parametrize(
     "page",
-    [pytest.param(p, marks=pytest.mark.slow) if _page_id(p) in SLOW_PAGES else p for p in RUNNABLE],
+    [pytest.param(p, marks=SLOW_MARKS) if _page_id(p) in SLOW_PAGES else p for p in RUNNABLE],
     ids=_page_id,
 )
 def test_page_code_runs(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -46,6 +46,7 @@ def transformer_lm():
 
 
 @pytest.mark.slow
+@pytest.mark.trimmed
 def test_transformer_lm_two_steps_write_the_table(transformer_lm, tmp_path, capsys):
     args = ["--steps", "2", "--layers", "1", "--eval-windows", "8", "--out-dir", str(tmp_path)]
     assert transformer_lm.main([*args, "--modes", "float16+scaling"]) == 0

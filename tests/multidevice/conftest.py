@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 # in the slow one: each jax CI tests (the oldest too) keeps the default its
 # users get.
 _SHARDY_DEFAULT = jax.config.jax_use_shardy_partitioner
-_OTHER = pytest.mark.slow
+_OTHER = (pytest.mark.slow, pytest.mark.trimmed)
 
 
 @pytest.fixture(

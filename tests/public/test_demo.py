@@ -33,6 +33,7 @@ def test_main_writes_table_and_png(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.trimmed
 def test_without_matplotlib_says_so_and_skips(tmp_path, capsys, monkeypatch):
     real_import = builtins.__import__
 
@@ -51,6 +52,7 @@ def test_without_matplotlib_says_so_and_skips(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.trimmed
 @pytest.mark.parametrize("level, scale", [("O0", "none"), ("O2", "static"), ("O1", "dynamic")])
 def test_levels_and_scales(level, scale):
     r = demo.train(12, level, scale, inject=(4,))
@@ -138,6 +140,7 @@ def test_summary_shows_growth_interval_and_reasons():
 
 
 @pytest.mark.slow
+@pytest.mark.trimmed
 def test_o3_trains_300_steps_without_nan():
     """Issue 14: O3 skipped 119/120 steps (adam's eps=1e-8 is 0 in float16)."""
     r = demo.train(300, "O3", inject=(100,))
@@ -148,6 +151,7 @@ def test_o3_trains_300_steps_without_nan():
 
 
 @pytest.mark.slow
+@pytest.mark.trimmed
 def test_plot_with_baseline(tmp_path):
     pytest.importorskip("matplotlib")
     r = demo.train(6, "O2", inject=(2,))

@@ -79,6 +79,7 @@ def test_math_library_is_preferred(double, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.trimmed
 def test_older_cann_falls_back_to_libopapi(double, monkeypatch):
     control.use(monkeypatch, double, "legacy")
     home = double.home("legacy")
@@ -86,6 +87,7 @@ def test_older_cann_falls_back_to_libopapi(double, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.trimmed
 def test_math_library_without_the_operator_is_skipped(double, monkeypatch):
     control.use(monkeypatch, double, "no_op")
     home = double.home("no_op")
@@ -93,6 +95,7 @@ def test_math_library_without_the_operator_is_skipped(double, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.trimmed
 def test_toolkit_home_is_searched(double, monkeypatch):
     control.use(monkeypatch, double, "full")
     monkeypatch.delenv("ASCEND_HOME_PATH")
@@ -111,6 +114,7 @@ def test_override_variable_wins(double, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.trimmed
 def test_mixed_installation_is_refused(double, monkeypatch):
     # The issue's case: the operator from installation B, ASCEND_HOME_PATH = A.
     # Descriptors made by A's libnnopbase.so must never reach B's operator.
@@ -134,6 +138,7 @@ print(json.dumps(sorted({l.split()[-1] for l in maps.splitlines() if "libnnopbas
 
 
 @pytest.mark.slow
+@pytest.mark.trimmed
 def test_one_copy_of_libnnopbase_is_mapped(double, monkeypatch):
     control.use(monkeypatch, double, "full")
     out = subprocess.run([sys.executable, "-c", _MAPS], capture_output=True, text=True, check=True)
@@ -142,6 +147,7 @@ def test_one_copy_of_libnnopbase_is_mapped(double, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.trimmed
 def test_fused_pass_missing_is_reported_not_fatal(double, monkeypatch):
     control.use(monkeypatch, double, "no_nn")
     got = _load_in_subprocess(monkeypatch)
@@ -150,6 +156,7 @@ def test_fused_pass_missing_is_reported_not_fatal(double, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.trimmed
 def test_override_without_the_symbols_names_them(double, monkeypatch):
     control.use(monkeypatch, double, "full")
     path = str(double.root / "no_op" / "libopapi_math.so")
@@ -161,6 +168,7 @@ def test_override_without_the_symbols_names_them(double, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.trimmed
 def test_absent_libraries_list_every_path_searched(double, monkeypatch):
     control.use(monkeypatch, double, "missing")
     monkeypatch.setenv("ASCEND_TOOLKIT_HOME", "/nonexistent/toolkit")

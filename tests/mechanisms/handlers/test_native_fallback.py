@@ -89,6 +89,7 @@ def _common(r: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.trimmed
 def test_missing_module_warns_once_and_the_reference_serves():
     r = _run(_BLOCK)
     _common(r)
@@ -109,6 +110,7 @@ def test_disable_switch_uses_the_reference_silently():
 
 
 @pytest.mark.slow
+@pytest.mark.trimmed
 def test_switch_off_keeps_the_native_path():
     from jax_amp_scale.mechanisms import handlers
 

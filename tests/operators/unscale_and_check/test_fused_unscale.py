@@ -122,7 +122,9 @@ def test_mixed_tree_zero_size_and_non_float_leaves():
     assert bool(_check("ffi")(tree, jnp.float32(0.5))[1])
 
 
-@pytest.mark.parametrize("n_leaves", tiered([1, 64, 65, 200], keep=[1, 65]))  # 65: two groups
+@pytest.mark.parametrize(  # 65: two groups
+    "n_leaves", [*tiered([1, 64, 65], keep=[1, 65]), pytest.param(200, marks=pytest.mark.slow)]
+)
 def test_one_custom_call_per_group_of_leaves(n_leaves):
     """A call per LEAVES_PER_CALL leaves: no per-leaf kernels or reductions."""
     tree = [jnp.ones((64,), jnp.float32) * i for i in range(n_leaves)]

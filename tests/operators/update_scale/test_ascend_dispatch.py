@@ -448,6 +448,7 @@ print(json.dumps(sorted(ascend_harness.testing().workspaces())))
 
 
 @pytest.mark.slow
+@pytest.mark.trimmed
 def test_workspace_is_cached_per_device(double, monkeypatch):
     control.use(monkeypatch, double, "full")
     env = {
