@@ -14,9 +14,10 @@ import pytest  # noqa: E402
 
 # The partitioner this jax uses by default runs in the quick tier, the other
 # in the slow one: each jax CI tests (the oldest too) keeps the default its
-# users get.
+# users get.  Not "trimmed": several of these tests have slow cases of their
+# own, which the fixed-file runs must not select.
 _SHARDY_DEFAULT = jax.config.jax_use_shardy_partitioner
-_OTHER = (pytest.mark.slow, pytest.mark.trimmed)
+_OTHER = pytest.mark.slow
 
 
 @pytest.fixture(
