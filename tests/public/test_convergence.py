@@ -6,6 +6,7 @@ run's; measured difference on CPU: about 0.2%.
 """
 
 import numpy as np
+import pytest
 
 from jax_amp_scale import demo
 
@@ -13,6 +14,8 @@ STEPS = 150
 REL_TOL = 0.03
 
 
+@pytest.mark.slow
+@pytest.mark.trimmed
 def test_o2_float16_matches_float32():
     fp32 = demo.train(STEPS, "O0", "none")
     fp16 = demo.train(STEPS, "O2", "auto", inject=(40, 41))

@@ -130,6 +130,8 @@ def test_log_progress_has_about_ten_lines(capsys):
     assert [line.split()[1] for line in err.splitlines()] == [f"{4 * i}/40" for i in range(1, 11)]
 
 
+@pytest.mark.slow
+@pytest.mark.trimmed
 def test_summary_shows_growth_interval_and_reasons():
     r = demo.train(12, "O2", "dynamic", inject=(4,), growth_interval=7)
     table = demo.summary_table(r, level="O2", scale="dynamic")
