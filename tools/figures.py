@@ -743,7 +743,7 @@ _STUDY_BLOCKS = {
 _SHOWN = {
     "amax": list(_STUDY_BLOCKS),
     "all16": [p for p in _STUDY_BLOCKS if p != "leaf-groups"],  # no float32-only leaf
-    "large": ["source", "default", "first-step", "scales", "leaf-groups"],
+    "large": ["source", "default", "stress", "first-step", "scales", "leaf-groups"],
     "large_lr2e3": ["source", "default"],
 }
 for _prefix, _parts in _SHOWN.items():
