@@ -53,6 +53,8 @@ def _bits(tree):
     return [np.asarray(a).view(f"u{np.asarray(a).itemsize}") for a in jax.tree.leaves(tree)]
 
 
+@pytest.mark.slow
+@pytest.mark.trimmed
 def test_sharded_step_exports_and_runs_with_the_partitioned_bits(tmp_path):
     step, params, state, x, x_bad = _step_and_args()
     jitted = jax.jit(step)

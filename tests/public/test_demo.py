@@ -123,6 +123,8 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_in_a_log():
     ]
 
 
+@pytest.mark.slow
+@pytest.mark.trimmed
 def test_log_progress_has_about_ten_lines(capsys):
     demo.train(40, "O0", "none", progress=True)
     err = capsys.readouterr().err

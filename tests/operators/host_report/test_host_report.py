@@ -190,6 +190,8 @@ def test_the_reports_say_the_same_on_both_routes(backend):
         jax.effects_barrier()
 
 
+@pytest.mark.slow
+@pytest.mark.trimmed
 def test_a_thousand_steps_with_reports_on_agree_with_reports_off():
     """The report changes nothing in the step: a long run with host reports
     gives the bits of the same run without them (overflows included)."""

@@ -103,6 +103,8 @@ def test_reference_ffi_and_numpy_rule_agree_bitwise(dtype, gf, bf, gi, seed):
             assert got.view(bits) == np.asarray(es, dtype).view(bits), (i, scales[i], found[i])
 
 
+@pytest.mark.slow
+@pytest.mark.trimmed
 @settings(max_examples=examples(10), deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), gi=intervals)
 def test_scan_trajectories_agree(seed, gi):

@@ -18,6 +18,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 CXX = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
 
 
+@pytest.mark.slow
+@pytest.mark.trimmed
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler on PATH")
 def test_rule_header_under_sanitizers(tmp_path):
     exe = tmp_path / "rule_test"

@@ -179,6 +179,8 @@ def test_float16_32768_grown_stays_32768_under_both_rules():
             assert float(out.scale) == 2.0**15 and int(out.growth_tracker) == 0
 
 
+@pytest.mark.slow
+@pytest.mark.trimmed
 def test_rules_differ_for_factors_not_exact_in_float32():
     values = _f32_sample(4000, seed=3).view(np.float32)
     finite = np.isfinite(values) & (values != 0)
