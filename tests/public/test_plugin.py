@@ -103,6 +103,8 @@ def test_newer_layout_registers_once_and_marks_the_platform(fake_plugin):
     ]
 
 
+@pytest.mark.slow
+@pytest.mark.trimmed
 def test_older_layout_with_api_version_is_detected(fake_plugin):
     out = _run(_FAKE, FAKE_PJRT=str(fake_plugin), FAKE_PJRT_MODE="versioned")
     assert out["route"] == "pjrt-versioned"
@@ -163,6 +165,8 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
+@pytest.mark.trimmed
 def test_a_library_jax_did_not_load_for_the_platform_is_refused(fake_plugin):
     # The issue: any PJRT library was accepted for any platform (then
     # handlers.platforms() listed it).  Without the escape hatch a library must
@@ -299,6 +303,8 @@ def test_automatic_registration_at_the_first_trace_on_a_running_plugin():
     assert "cuda" in out["platforms"]
 
 
+@pytest.mark.slow
+@pytest.mark.trimmed
 def test_jax_ffi_route_when_the_plugin_python_side_forwards():
     # A plugin whose Python side installed a custom-call handler for its
     # platform (as jax_cuda12_plugin does for CUDA): register() hands the

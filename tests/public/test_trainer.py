@@ -84,6 +84,8 @@ def test_has_aux_and_static_and_noop():
         assert int(m["aux"]["n"]) == 7 and float(m["scale"]) == float(kind.scale)
 
 
+@pytest.mark.slow
+@pytest.mark.trimmed
 def test_axis_name_data_parallel():
     params, batch = setup(16)
     shards = jax.tree_util.tree_map(lambda a: a.reshape(4, 4, *a.shape[1:]), batch)

@@ -40,6 +40,8 @@ def test_cuda_module_is_built_where_nvcc_exists():
     assert "cuda" in handlers.platforms("update_scale")
 
 
+@pytest.mark.slow
+@pytest.mark.trimmed
 def test_import_without_cuda_module_still_works():
     # As on a machine without CUDA: the module cannot be imported.
     script = (

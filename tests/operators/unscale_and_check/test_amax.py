@@ -84,6 +84,8 @@ def test_identity_scale_and_empty_trees():
     assert not bool(found) and amax.shape == (0,)
 
 
+@pytest.mark.slow
+@pytest.mark.trimmed
 def test_vmap_and_grad():
     scale = jnp.float32(2.0)
     batch = {"g": jnp.arange(12.0).reshape(3, 4) - 6.0}

@@ -285,7 +285,7 @@ def _bits(x):
     return x.view(np.uint32 if x.dtype.itemsize == 4 else np.uint16)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", tiered(DTYPES, keep=[jnp.float16]))
 @pytest.mark.parametrize(
     ("gf", "bf"), tiered([(2.0, 0.5), (1.1, 0.3), (65536.0, 1e-3)], keep=[(1.1, 0.3)])
 )
