@@ -331,6 +331,8 @@ def test_jax_ffi_route_when_the_plugin_python_side_forwards():
     assert "forwarding_test" in out["platforms"]
 
 
+@pytest.mark.slow
+@pytest.mark.trimmed
 def test_failed_automatic_registration_is_kept_not_raised():
     out = _run(
         """

@@ -57,6 +57,8 @@ def test_cpu_module_keeps_its_ffi_api_version():
     assert isinstance(major, int) and isinstance(minor, int)
 
 
+@pytest.mark.slow
+@pytest.mark.trimmed
 def test_importing_the_package_loads_no_native_module():
     # handlers.py: "Importing this module does no work": the compiled
     # modules load, and register with XLA, at first use.

@@ -116,6 +116,8 @@ def test_the_handler_checks_its_operands():
         jax.block_until_ready(jax.jit(lambda f: fn(f, report=np.int64(123456789)))(True))
 
 
+@pytest.mark.slow
+@pytest.mark.trimmed
 @needs_native
 def test_loss_scaled_reports_without_a_host_callback_on_cpu():
     tx = loss_scaled(optax.adam(1e-3))
