@@ -10,6 +10,7 @@ to claim a tier starts it (two children would each take a core).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -71,12 +72,15 @@ class Tier:
     def stop(self, interrupted: bool) -> None:
         """At the end of the session that started the child: wait for it (a
         test on another worker may still be reading it) unless the session
-        was interrupted, then remove the folder."""
+        was interrupted, then remove its folder (and the run's, once empty:
+        the other tier may have been claimed by another worker)."""
         if self.proc is not None:
             if interrupted and self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-            shutil.rmtree(self.folder.parent, ignore_errors=True)
+            shutil.rmtree(self.folder, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.folder.parent.rmdir()
 
 
 def _check(request: pytest.FixtureRequest, name: str) -> None:
