@@ -293,3 +293,24 @@ def test_state_has_five_fields_whatever_the_options():
 def test_an_unknown_option_is_a_type_error():
     with pytest.raises(TypeError, match="accumulate"):
         loss_scaled(optax.sgd(1.0), accumulate=2)  # type: ignore[call-arg]
+
+
+def test_float16_gradients_unscale_in_their_own_dtype():
+    """docs/loss-scaling.md (O3): a float16 gradient is unscaled in float16, as
+    torch's _amp_foreach_non_finite_check_and_unscale_ does, so an unscaled
+    value under float16's smallest subnormal (2**-24) becomes 0; cast to
+    float32 before `update` and it survives exactly."""
+    params = {"w": jnp.zeros((2,), jnp.float16)}
+    tx = loss_scaled(optax.sgd(1.0), jas.dynamic_scaler(2.0**16))
+    st = tx.init(params)
+    scaled = {"w": jnp.array([2.0**-10, 2.0**-4], jnp.float16)}  # unscaled: 2**-26, 2**-20
+    u16, _ = jax.jit(tx.update)(scaled, st, params)
+    assert u16["w"].dtype == jnp.float16
+    np.testing.assert_array_equal(np.asarray(u16["w"], np.float32), [0.0, -(2.0**-20)])
+    as32 = jax.tree.map(lambda g: g.astype(jnp.float32), scaled)
+    u32, _ = jax.jit(tx.update)(as32, st, params)
+    np.testing.assert_array_equal(np.asarray(u32["w"]), [-(2.0**-26), -(2.0**-20)])
+    torch = pytest.importorskip("torch")
+    t = torch.tensor([2.0**-10, 2.0**-4], dtype=torch.float16)
+    torch._amp_foreach_non_finite_check_and_unscale_([t], torch.zeros(1), torch.tensor([2.0**-16]))
+    np.testing.assert_array_equal(-t.float().numpy(), np.asarray(u16["w"], np.float32))
