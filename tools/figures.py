@@ -270,6 +270,7 @@ def _bench_figures(out: dict[str, Fig]) -> dict[str, float]:
             seconds_text(statistics.median(_row(t, prefix)["times"])), src
         )
     inexact = statistics.median(_row(t, "update_scale(reference), factors 1.1")["times"])
+    out["op.compile.inexact_s"] = Fig(seconds_text(inexact), src)
     out["op.compile.inexact_vs_trivial"] = Fig(f"{inexact / trivial:.0f}x", src)
     t, src = _table("4. The operator", "vmap over 1024 states")
     ratios = _paired(_row(t, "reference"), _row(t, "ffi"))
@@ -321,6 +322,30 @@ def _transformer_figures(out: dict[str, Fig]) -> None:
         out[f"lm_mean.{mode}.eval_loss"] = Fig(f"{m['eval_loss']:.4f}", src)
 
 
+def _power_text(x: float) -> str:
+    e = math.log2(x)
+    return f"`2**{e:.0f}`" if e == round(e) else f"{x:g}"
+
+
+def _twin_figures(out: dict[str, Fig]) -> None:
+    """examples/transformer_lm_torch.py: the JAX example against its torch twin."""
+    d, src = result("transformer_lm_torch")["data"], "results/transformer_lm_torch.json"
+    out["twin.steps"] = Fig(str(d["steps"]), src)
+    out["twin.torch"] = Fig(d["torch"].split("+")[0], src)
+    for mode, short in (("float32", "f32"), ("float16+scaling", "f16")):
+        m = d["modes"][mode]
+        out[f"twin.{short}.max_diff"] = Fig(f"{m['max_diff']:.1e}", src)
+        out[f"twin.{short}.tolerance"] = Fig(f"{m['tolerance']:g}", src)
+    m = d["modes"]["float16+scaling"]
+    changes = ", ".join(f"to {_power_text(v)} at step {s}" for s, v in m["scale_changes"])
+    out["twin.scales"] = Fig(
+        ("the same at every step" if m["scales_equal"] else "different")
+        + f" ({_power_text(m['first_scale'])}"
+        + (f", changing {changes})" if changes else ", never changing)"),
+        src,
+    )
+
+
 OVERFLOW_FIRST = ROOT / "examples" / "results" / "overflow_first.json"
 
 
@@ -360,7 +385,9 @@ def figures() -> dict[str, Fig]:
     _target_figures(out, values)
     if "multidevice" in bench_runs():
         _multidevice_figures(out)
-    for group in (_demo_figures, _transformer_figures, amax_figures, _overflow_figures):
+    groups = (_demo_figures, _transformer_figures, _twin_figures, amax_figures,
+              _overflow_figures)  # fmt: skip
+    for group in groups:
         try:
             group(out)
         except FileNotFoundError:
@@ -525,7 +552,7 @@ def block_amax_underflow(prefix: str = "amax") -> str:
 
 def block_amax_first_step(prefix: str = "amax") -> str:
     d, _ = _study(prefix)
-    kinds = [k for k in d["settings"]["kinds"] if k not in ("float32", "torch")]
+    kinds = [k for k in d["settings"]["kinds"] if k != "float32"]
     return _per_run_table(d, kinds, lambda r: f"{r['first_underflow']:.1e}")
 
 
@@ -693,8 +720,10 @@ def _stress_pairs(prefix: str) -> str:
     """``accum8-mean` 0 against 3; ...`: the study's skips against dynamic_scaler's."""
     d, _ = _study(prefix)
     stress = sorted({r["variant"] for r in d["runs"]} - {"default"})
+    torch = "torch" in d["settings"]["kinds"]
     return "; ".join(
         f"`{v}` {fig(f'{prefix}.{v}.amax.skipped')} against {fig(f'{prefix}.{v}.dynamic.skipped')}"
+        + (f" (`GradScaler`: {fig(f'{prefix}.{v}.torch.skipped')})" if torch else "")
         for v in stress
     )
 
@@ -715,7 +744,19 @@ def block_readme_amax() -> str:
     )
 
 
+def block_torch_twin() -> str:
+    return (
+        f'Against torch {fig("twin.torch")} (`GradScaler("cpu")`, '
+        f'`autocast("cpu", float16)`), {fig("twin.steps")} steps: float32 losses agree '
+        f"within {fig('twin.f32.max_diff')} at every step (tolerance "
+        f"{fig('twin.f32.tolerance')}), float16 within {fig('twin.f16.max_diff')} (tolerance "
+        f"{fig('twin.f16.tolerance')}), and the scale is {fig('twin.scales')}.  From "
+        f"{fig('source.transformer_lm_torch')}.\n"
+    )
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
+    "torch-twin": block_torch_twin,
     "readme-amax": block_readme_amax,
     "transformer-table": block_transformer_table,
     "transformer-summary": block_transformer_summary,
@@ -797,6 +838,7 @@ def provenance(command: str) -> dict[str, str]:
 # name -> the command that measures it ({json}: where it writes its figures;
 # {tmp}: a scratch folder)
 RECORDERS = {
+    "transformer_lm_torch": ["examples/transformer_lm_torch.py", "--json", "{json}"],
     "demo": ["-m", "jax_amp_scale.demo", "--quiet", "--no-plot", "--json", "{json}"],
     "transformer_lm": ["examples/transformer_lm.py", "--check", "--out-dir", "{tmp}",
                        "--json", "{json}"],

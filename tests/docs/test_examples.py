@@ -9,6 +9,7 @@ tier runs the transformer example's training loop for two steps in-process.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -85,11 +86,17 @@ def test_transformer_lm_fp16_tracks_fp32_and_unscaled_falls_behind(tmp_path):
 
 
 @pytest.mark.slow
-def test_transformer_lm_torch_agrees_step_by_step():
+def test_transformer_lm_torch_agrees_step_by_step(tmp_path):
     pytest.importorskip("flax")
     pytest.importorskip("torch")
-    out = run_example("transformer_lm_torch.py", "--steps", "60")
+    path = tmp_path / "twin.json"
+    out = run_example("transformer_lm_torch.py", "--steps", "60", "--json", str(path))
     assert "all checks passed" in out
+    modes = json.loads(path.read_text())["modes"]
+    assert modes["float32"]["max_diff"] <= modes["float32"]["tolerance"] == 5e-4
+    f16 = modes["float16+scaling"]
+    assert f16["scales_equal"] and f16["passed"] and f16["first_scale"] == 2.0**15
+    assert f16["scale_changes"] == [[51, 2.0**16]]  # growth interval 50, no overflow
 
 
 @pytest.mark.slow
