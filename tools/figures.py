@@ -322,6 +322,23 @@ def _transformer_figures(out: dict[str, Fig]) -> None:
         out[f"lm_mean.{mode}.eval_loss"] = Fig(f"{m['eval_loss']:.4f}", src)
 
 
+def minutes_text(s: float) -> str:
+    """``3 min 16 s`` (whole seconds: a fresh install varies by more)."""
+    m, sec = divmod(round(s), 60)
+    return f"{m} min {sec} s" if m else f"{sec} s"
+
+
+def _readme_figures(out: dict[str, Fig]) -> None:
+    """README's fresh-machine commands, timed by tools/time_readme_commands.py."""
+    d, src = result("readme_commands")["data"]["commands"], "results/readme_commands.json"
+    for name, r in d.items():
+        out[f"readme.{name}.install"] = Fig(minutes_text(r["install_seconds"]), src)
+        out[f"readme.{name}.run"] = Fig(minutes_text(r["run_seconds"]), src)
+        out[f"readme.{name}.jax"] = Fig(r["jax"], src)
+    for k, n in d["tests"]["counts"].items():
+        out[f"readme.tests.{k}"] = Fig(f"{n:,}", src)
+
+
 def _power_text(x: float) -> str:
     e = math.log2(x)
     return f"`2**{e:.0f}`" if e == round(e) else f"{x:g}"
@@ -386,7 +403,7 @@ def figures() -> dict[str, Fig]:
     if "multidevice" in bench_runs():
         _multidevice_figures(out)
     groups = (_demo_figures, _transformer_figures, _twin_figures, amax_figures,
-              _overflow_figures)  # fmt: skip
+              _overflow_figures, _readme_figures)  # fmt: skip
     for group in groups:
         try:
             group(out)
@@ -526,9 +543,24 @@ def block_amax_stress(prefix: str = "amax") -> str:
         steps = _runs(d, v, kinds[0])[0]["steps"]
         lines.append(f"| {v} | {steps} | " + " | ".join(cells) + " |")
     seeds = ", ".join(map(str, d["settings"]["stress_seeds"]))
-    return "\n".join(lines) + (
+    text = "\n".join(lines) + (
         f"\n\nSkipped steps per seed ({seeds}), and the mean eval-loss gap to float32.\n"
     )
+    if "torch" in kinds and "dynamic" in kinds:
+        same = [
+            v for v in ["default", *variants] if _skips(d, v, "torch") == _skips(d, v, "dynamic")
+        ]
+        differ = [v for v in ["default", *variants] if v not in same]
+        text += (
+            f"\n`torch` skipped as many steps as `dynamic` in every seed of: "
+            f"{', '.join(f'`{v}`' for v in same) or 'none'}; not in: "
+            f"{', '.join(f'`{v}`' for v in differ) or 'none'}.\n"
+        )
+    return text
+
+
+def _skips(d: dict[str, Any], variant: str, kind: str) -> list[int]:
+    return [r["skipped"] for r in _runs(d, variant, kind)]
 
 
 def _per_run_table(d: dict[str, Any], cols: list[str], cell: Callable[[dict], str]) -> str:
@@ -738,7 +770,9 @@ def block_readme_amax() -> str:
         f"(`dynamic_scaler`: {fig('amax.default.dynamic.skipped')}); under stress on the plain "
         "per-batch mean loss, skipped steps against `dynamic_scaler`'s (torch's rule), per "
         f"seed: {_stress_pairs('amax')}; on the all-float16 model, where every gradient is "
-        f"float16: {_stress_pairs('all16')} ([every run](docs/guide/amax-scaler-runs.md)).  "
+        f"float16: {_stress_pairs('all16')} ([every run](docs/guide/amax-scaler-runs.md): "
+        "`GradScaler` is torch's own, on the torch twin, which under `accum8-mean` divides "
+        "each micro-batch loss by 8 before `backward`, torch's recipe).  "
         "It is not torch's rule; its first step is `GradScaler`'s, at `2**16` "
         "([guide](docs/guide/amax-scaler.md)).\n"
     )
@@ -755,7 +789,23 @@ def block_torch_twin() -> str:
     )
 
 
+def block_readme_commands() -> str:
+    p = result("readme_commands")["provenance"]
+    return (
+        "Both commands, timed in a fresh clone and venv on a "
+        f"{p['cores (os.cpu_count)']}-core {p['cpu'].strip()} ({p['date (UTC)'][:10]}, "
+        f"load average {p['load average at start'].split()[0]} at the start, jax "
+        f"{fig('readme.tests.jax')}): the demo's install {fig('readme.demo.install')} and the demo "
+        f"{fig('readme.demo.run')}; the tests' install {fig('readme.tests.install')} and the "
+        f"tests {fig('readme.tests.run')} ({fig('readme.tests.passed')} passed, "
+        f"{fig('readme.tests.skipped')} skipped).  The install compiles the native handlers.  "
+        "`python tools/figures.py record readme_commands` "
+        "times them again.\n"
+    )
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
+    "readme-commands": block_readme_commands,
     "torch-twin": block_torch_twin,
     "readme-amax": block_readme_amax,
     "transformer-table": block_transformer_table,
@@ -838,6 +888,7 @@ def provenance(command: str) -> dict[str, str]:
 # name -> the command that measures it ({json}: where it writes its figures;
 # {tmp}: a scratch folder)
 RECORDERS = {
+    "readme_commands": ["tools/time_readme_commands.py", "--json", "{json}"],
     "transformer_lm_torch": ["examples/transformer_lm_torch.py", "--json", "{json}"],
     "demo": ["-m", "jax_amp_scale.demo", "--quiet", "--no-plot", "--json", "{json}"],
     "transformer_lm": ["examples/transformer_lm.py", "--check", "--out-dir", "{tmp}",

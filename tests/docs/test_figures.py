@@ -25,11 +25,13 @@ sys.path.insert(0, str(ROOT / "tools"))
 import figures  # noqa: E402
 
 ROLE = re.compile(r"\{fig\}`([^`]+)`")
-# A measured figure: a ratio (0.78x), a percentage, a time in ms/us, a
-# number with 3+ decimals (a loss), or a target's status.  A threshold
-# ("at most 1.0x", "within 10%") is a target, not a measurement.
+# A measured figure: a ratio (0.78x), a percentage, a time (0.7 s, 3
+# minutes, 2 hours), a number with 3+ decimals (a loss), or a target's
+# status.  A threshold ("at most 1.0x", "within 10%") is a target, not a
+# measurement.
 FIGURE = re.compile(
     r"(?<![\w.*^/=+-])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\s?(?:x|\u00d7|%|ms|us|\u00b5s)(?!\w)"
+    r"|(?<![\w.*^/=+-])\d+(?:\.\d+)?\s?(?:s|seconds?|min|minutes?|hours?)\b(?![-\w])"
     r"|(?<![\w.])\d\.\d{3,}(?!\w)"
     r"|\bnot met\b|\bmet\b|\bmissed\b"
 )
@@ -64,6 +66,9 @@ def test_the_scan_finds_a_typed_figure():
         "'0.78x' in: a step costs 0.78x the plain one"
     ]
     assert typed_figures("eval loss 2.1807; target **not met**") != []
+    assert typed_figures("it compiles in about 0.7 s") != []
+    assert typed_figures("3 minutes of install and 5 of tests") != []
+    assert typed_figures("within 5 minutes on two cores") == []
     assert typed_figures("the target of at most 1.0x; {fig}`step.f32.auto`; `1.03x`") == []
     assert typed_figures("<!-- figures: targets -->\n| 1.03x | met |\n<!-- /figures -->") == []
 
