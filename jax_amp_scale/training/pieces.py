@@ -97,7 +97,9 @@ def accumulate_gradients(
 
     `LossScaledState`'s counters count optimizer steps (windows).  Divide
     nothing yourself: the mean matches a torch loop that divides each
-    micro-batch loss by `k`.
+    micro-batch loss by `k`.  The micro-batch gradients themselves are `k`
+    times that loop's, so a float16 backward pass reaches 65504 at a scale
+    `k` times smaller; ``amax_scaler(micro_batches=k)`` leaves room for it.
 
     Args:
       inner: the optax transformation that gets each window's mean, usually
