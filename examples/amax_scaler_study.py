@@ -411,16 +411,21 @@ def train_torch(cfg: lm.Config, v: Variant, data: np.ndarray, held_out: np.ndarr
             )
             fractions.append(lost / sum(int((g != 0).sum()) for g in g32))
         opt.zero_grad(set_to_none=True)
-        mean_sum = 0.0
+        mean_sum, amax, amax16 = 0.0, 0.0, 0.0
         for w in torch.chunk(win, k):
+            before = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
             with torch.autocast("cpu", dtype=torch.float16):
                 logits = model(w[:, :-1])
             mean = xent(logits, w)
             mean_sum += mean.item()
             scaler.scale(mean * factor * spike / k).backward()
-        grads = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
-        amax = max(float(g.abs().max()) for _, g in grads)
-        amax16 = max(float(g.abs().max()) for n, g in grads if on_float16_path(f".{n}."))
+            # This micro-batch's own gradients (what its backward computed), as
+            # the JAX runs record them: not the accumulated sum.
+            for n, p in model.named_parameters():
+                if p.grad is not None:
+                    top = float((p.grad - before[n] if n in before else p.grad).abs().max())
+                    amax = max(amax, top)
+                    amax16 = max(amax16, top) if on_float16_path(f".{n}.") else amax16
         scaler.step(opt)
         scaler.update()
         losses.append(mean_sum / k)

@@ -471,3 +471,29 @@ def test_study_underflow_measure_is_float16_rounding(monkeypatch):
         with np.errstate(over="ignore"):  # the largest overflow: not zero
             flushed = sum(int(np.sum(np.float16(g * s) == 0)) for g in live)
         assert study.scale_underflow(counts, float(s)) == flushed / counts[-1], e_s
+
+
+@pytest.mark.slow
+def test_study_torch_twin_records_each_micro_batch(tmp_path):
+    """The study's torch twin under accum8 divides each micro-batch loss by 8
+    (torch's recipe) and records each micro-batch's own gradient amax: on the
+    first step (same weights, same batch) it is 1/8 of the JAX run's, which
+    feeds accumulate_gradients undivided micro-batch gradients; the
+    accumulated sum's amax (what it recorded before) is not."""
+    pytest.importorskip("flax")
+    pytest.importorskip("torch")
+    import importlib
+    import sys
+
+    examples = Path(__file__).resolve().parents[3] / "examples"
+    sys.path.insert(0, str(examples))
+    try:
+        study = importlib.import_module("amax_scaler_study")
+        args = ["--steps", "2", "--seeds", "0", "--kinds", "dynamic,torch", "--stress", "accum8"]
+        args += ["--layers", "1", "--sample-every", "2", "--out-dir", str(tmp_path)]
+        assert study.main(args) == 0
+    finally:
+        sys.path.remove(str(examples))
+    traces = json.loads((tmp_path / "amax_traces.json").read_text())
+    ratio = traces["accum8/0/torch"]["amax"][0] / traces["accum8/0/dynamic"]["amax"][0]
+    assert abs(ratio - 1 / 8) < 0.125 * 0.05, ratio
