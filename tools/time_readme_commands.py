@@ -2,16 +2,17 @@
 
     python tools/time_readme_commands.py [--only demo|tests] [--json PATH]
 
-Reads the committed README's Quick start (the ``bash`` lines that begin ``python3 -m venv
-.venv``: the one that runs the demo and the one that runs pytest), clones
-the committed HEAD once per command into a scratch folder, and runs the
-command there with bash, as written, on a PATH without this interpreter's
-virtual environment.  The install (everything before the last ``&&``) and
-the run (the last command) are timed apart; packages come from wherever
-this machine's pip takes them.  For the tests it keeps pytest's counts.  A command that
-fails is an error: nothing is written.  ``tools/figures.py record
-readme_commands`` calls it and keeps its JSON in
-``results/readme_commands.json``, which README's figures come from.
+Reads the committed README's Quick start (the ``bash`` lines that begin
+``python3 -m venv .venv``: the one that runs the demo and the one that runs
+pytest), clones the committed HEAD once per command into a scratch folder,
+and runs the command there with bash, as written, on a PATH without this
+interpreter's virtual environment.  The install (everything before the
+last ``&&``) and the run (the last command) are timed apart; packages come
+from wherever this machine's pip takes them.  For the tests it keeps
+pytest's counts.  A command that fails is an error: nothing is written.
+``tools/figures.py record readme_commands`` calls it and keeps its JSON in
+``results/readme_commands.json``, which README's figures come from (both
+commands: ``--only`` writes no ``--json``).
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=["demo", "tests"])
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    if args.only and args.json:
+        ap.error("--json records both commands: leave out --only")
     head = ["git", "-C", str(ROOT), "show", "HEAD:README.md"]  # the clones' README
     commands = readme_commands(subprocess.run(head, capture_output=True, text=True,
                                               check=True).stdout)  # fmt: skip
