@@ -7,8 +7,11 @@ step it tries every power of two ``2**e`` between ``min_scale`` and
 that holds the step's amax under the target: the amax ``a`` is in scaled
 units, measured at the scale ``s`` the step ran at, so the unscaled amax is
 ``a / s`` and ``S`` must satisfy ``(a / s) * S <= T``.  Then the documented
-limits: growth at most x2 per step after the first finite step, the back-off
-cases on a non-finite step, and the clip to ``[min_scale, max_scale]``.
+limits: the first step at the probe scale 1, growth at most x2 per step
+after the first finite step and never past the ceiling, the ceiling's own
+moves (the overflowed scale halved; doubled after growth_interval finite
+steps in a row), the back-off on a non-finite step, and the clips to
+``[min_scale, max_scale]``.
 
 Python floats are exact here: every value is a float32 (the amax), a power
 of two or the target (a float16/bfloat16/float32 largest finite over a power
@@ -28,7 +31,7 @@ LARGEST = {
     "float32": (2 - Fraction(1, 2**23)) * 2**127,
 }
 
-FINITE, OVERFLOW, NOT_SCALE = 0, 1, 2  # the scaler's reason codes
+FINITE, OVERFLOW, UNSEEN = 0, 1, 2  # the scaler's reason codes
 
 
 def _exponent_of(power: float) -> int:
@@ -47,11 +50,6 @@ def _ceil_log2(n: int) -> int:
     return c
 
 
-def _power_of_two_plus_one(run: int) -> bool:
-    """Whether run + 1 is a power of two."""
-    return any(run + 1 == 2**j for j in range(64))
-
-
 @dataclasses.dataclass(frozen=True)
 class Config:
     """`amax_scaler`'s arguments (its defaults)."""
@@ -60,9 +58,9 @@ class Config:
     micro_batches: int = 1
     min_scale: float = 2.0**-24
     max_scale: float = 2.0**24
-    max_backoffs: int = 4
+    growth_interval: int = 2000
     compute_dtype: str = "float16"
-    init_scale: float | None = None  # None: 2**16 clipped into [min_scale, max_scale]
+    init_scale: float | None = None  # the ceiling's start; None: 2**16 clipped into the bounds
 
     @property
     def target(self) -> float:
@@ -85,10 +83,12 @@ class Oracle:
         self.lo, self.hi = config.min_scale, config.max_scale
         lo_e, hi_e = _exponent_of(self.lo), _exponent_of(self.hi)
         self.candidates = [2.0**e for e in range(hi_e, lo_e - 1, -1)]  # the largest first
-        self.scale = config.init_scale
-        if self.scale is None:
-            self.scale = min(max(2.0**16, self.lo), self.hi)
-        self.run = 0  # non-finite steps in a row before this one
+        ceiling = config.init_scale
+        if ceiling is None:
+            ceiling = min(max(2.0**16, self.lo), self.hi)
+        self.ceiling = ceiling
+        self.scale = min(max(1.0, self.lo), ceiling)  # the probe, under the ceiling
+        self.tracker = 0  # finite steps in a row since the ceiling last moved
         self.finite_steps = 0
 
     def best(self, a: float) -> float | None:
@@ -116,26 +116,20 @@ class Oracle:
         fitting = self.lo / 2 if fitting is None else fitting
         if not found:
             reason = FINITE
+            self.tracker += 1
+            if self.tracker == self.config.growth_interval:
+                self.ceiling, self.tracker = self.clip(2 * self.ceiling), 0
             nxt = s if amax is None else fitting
             if amax is not None and self.finite_steps > 0:
                 nxt = min(nxt, 2 * s)  # at most x2 after the first finite step
+            nxt = min(nxt, self.ceiling)
             self.finite_steps += 1
-            self.run = 0
         else:
-            backs_off = (
-                a >= self.target
-                or self.run < self.config.max_backoffs
-                or _power_of_two_plus_one(self.run)
-            )
+            reason = OVERFLOW if a >= self.target else UNSEEN
             # s * 2**(min(k(a), 0) - 1): half the lower of s and what fits.
-            backed_off = min(fitting, s) / 2
-            if self.finite_steps == 0 and s > 1:
-                nxt, reason = min(1.0, backed_off), OVERFLOW  # the probe scale, or lower
-            elif backs_off:
-                nxt, reason = backed_off, OVERFLOW
-            else:
-                nxt, reason = s, NOT_SCALE
-            self.run += 1
+            nxt = min(fitting, s) / 2
+            self.ceiling = self.clip(min(self.ceiling, s / 2))
+            self.tracker = 0
         self.scale = self.clip(nxt)
         return self.scale, reason
 

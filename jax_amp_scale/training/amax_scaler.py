@@ -23,9 +23,10 @@ from jax_amp_scale.operators.update_scale import INT32_MAX, ScaleState, check_fa
 from jax_amp_scale.training.scalers import ScalerBase, fixed_state, found_flag, register_scaler
 
 # AmaxScaler's reason codes (its ``reason`` leaf).
-_NO_STEP, _FINITE, _OVERFLOW, _NOT_SCALE = -1, 0, 1, 2
+_NO_STEP, _FINITE, _OVERFLOW, _UNSEEN = -1, 0, 1, 2
 _GROWTH_LOG2 = 1  # at most x2 per step once a step has been measured
 _NO_LIMIT = 1 << 20  # "no bound" for an exponent (all-zero gradients)
+_PROBE = 1.0  # the first step's scale: no gradient finite unscaled overflows there
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,46 +40,49 @@ class AmaxScaler(ScalerBase):
     amax=...)`` applies the rule.
 
     Leaves: ``state`` (a `ScaleState` whose factors are 1.0: the core
-    `update_scale` never moves it), ``amax`` (float32, the last step's),
-    ``headroom_used`` (float32, ``amax / largest finite of compute_dtype``),
-    ``reason`` (int32: -1 no step yet, 0 finite, 1 overflow: backed off, 2
-    non-finite but not attributed to the scale: skipped, scale held),
-    ``run`` (int32, non-finite steps in a row), ``finite_steps`` (int32),
-    ``leaf_amax`` (float32, one per named leaf; None unless asked).
+    `update_scale` never moves it; its ``growth_tracker`` counts the finite
+    steps since the ceiling last moved), ``ceiling`` (float32, the scale's
+    upper bound: below the last scale that overflowed, doubled after
+    ``growth_interval`` finite steps in a row, as torch's scale is),
+    ``amax`` (float32, the last step's), ``headroom_used`` (float32,
+    ``amax / largest finite of compute_dtype``), ``reason`` (int32: -1 no
+    step yet, 0 finite, 1 overflow the amax saw, 2 overflow the amax did not
+    see), ``finite_steps`` (int32), ``leaf_amax`` (float32, one per named
+    leaf; None unless asked).
     Static: ``margin``, ``micro_batches``, ``min_scale``, ``max_scale``,
-    ``max_backoffs``, ``compute_dtype`` (a dtype name), ``leaf_paths``,
-    ``drop_overflow_update``, ``measured`` (one bool per gradient leaf: the
-    leaves whose amax sets the scale; () for all).
+    ``growth_interval``, ``compute_dtype`` (a dtype name), ``leaf_paths``,
+    ``drop_overflow_update``, ``measured`` (``(keystr path, bool)`` per gradient
+    leaf: the leaves whose amax sets the scale; () for all).
     """
 
     state: ScaleState
+    ceiling: jax.Array
     amax: jax.Array
     headroom_used: jax.Array
     reason: jax.Array
-    run: jax.Array
     finite_steps: jax.Array
     leaf_amax: jax.Array | None
     margin: int = 5
     micro_batches: int = 1
     min_scale: float = 2.0**-24
     max_scale: float = 2.0**24
-    max_backoffs: int = 4
+    growth_interval: int = 2000
     compute_dtype: str = "float16"
     leaf_paths: tuple[str, ...] = ()
     drop_overflow_update: bool = True
-    measured: tuple[bool, ...] = ()
+    measured: tuple[tuple[str, bool], ...] = ()
 
     REASONS: ClassVar[dict[int, str]] = {
         _NO_STEP: "no step yet",
         _FINITE: "finite",
         _OVERFLOW: "overflow",
-        _NOT_SCALE: "non-finite, not the scale",
+        _UNSEEN: "overflow the amax did not see",
     }
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "leaf_paths", tuple(self.leaf_paths))  # JSON gives a list
-        object.__setattr__(self, "measured", tuple(bool(m) for m in self.measured))
+        object.__setattr__(self, "leaf_paths", tuple(self.leaf_paths))  # JSON gives lists
+        object.__setattr__(self, "measured", tuple((str(p), bool(m)) for p, m in self.measured))
 
     @property
     def largest(self) -> float:
@@ -126,19 +130,22 @@ class AmaxScaler(ScalerBase):
         return grads, found, self.update(found, amax=amax, leaf_amax=per_leaf)
 
     def _measured_index(self, grads: PyTree) -> Any:
-        """The floating leaves whose amax sets the scale: all, or those `measured` marks."""
-        leaves = jax.tree.leaves(grads)
+        """The floating leaves whose amax sets the scale: all, or those `measured` marks.
+        Checks `per_leaf` and `measure` against the gradients' structure (by path)."""
+        flat = jax.tree_util.tree_flatten_with_path(grads)[0]
+        floating = [jax.tree_util.keystr(p) for p, g in flat if is_float_leaf(g)]
+        if self.leaf_paths and tuple(floating) != self.leaf_paths:
+            raise ValueError(_mismatch("per_leaf", self.leaf_paths, floating))
         if not self.measured:
             return slice(None)
-        if len(leaves) != len(self.measured):
-            raise ValueError(
-                f"amax_scaler(measure=...) marked {len(self.measured)} leaves, but the gradients "
-                f"have {len(leaves)}: pass measure a tree of bools shaped like the gradients"
-            )
-        floating = [m for m, g in zip(self.measured, leaves, strict=True) if is_float_leaf(g)]
-        if not any(floating):  # an empty max would read 0 and grow the scale to max_scale
+        paths = [jax.tree_util.keystr(p) for p, _ in flat]
+        if tuple(paths) != tuple(p for p, _ in self.measured):
+            raise ValueError(_mismatch("measure", [p for p, _ in self.measured], paths))
+        marks = dict(self.measured)
+        chosen = [marks[jax.tree_util.keystr(p)] for p, g in flat if is_float_leaf(g)]
+        if not any(chosen):  # an empty max would read 0 and grow the scale to max_scale
             raise ValueError("amax_scaler(measure=...) marks no floating leaf of the gradients")
-        return np.flatnonzero(np.asarray(floating, bool))
+        return np.flatnonzero(np.asarray(chosen, bool))
 
     def update(
         self,
@@ -173,21 +180,31 @@ class AmaxScaler(ScalerBase):
         found = found_flag(found_inf, self.state, axis_name).reshape(())
         a = _scalar_amax(amax, axis_name)
         per = self._next_leaf_amax(leaf_amax, axis_name)
-        e_new, back = self._next_exponent(found, a, measured=amax is not None)
-        scale = jnp.ldexp(jnp.float32(1.0), e_new.astype(jnp.int32))
-        reason = jnp.where(found, jnp.where(back, _OVERFLOW, _NOT_SCALE), _FINITE)
+        e_next, e_ceiling, tracker = self._next_exponents(found, a, measured=amax is not None)
+        seen = a >= jnp.float32(self.target)
+        reason = jnp.where(found, jnp.where(seen, _OVERFLOW, _UNSEEN), _FINITE)
+        shape, dtype = self.state.scale.shape, self.scale.dtype
         return dataclasses.replace(
             self,
             state=dataclasses.replace(
-                self.state, scale=scale.reshape(self.state.scale.shape).astype(self.scale.dtype)
+                self.state,
+                scale=_power(e_next).reshape(shape).astype(dtype),
+                growth_tracker=tracker.reshape(shape).astype(jnp.int32),
             ),
+            ceiling=_power(e_ceiling),
             amax=a,
-            headroom_used=a / jnp.float32(self.largest),
+            headroom_used=self._headroom(a),
             reason=reason.astype(jnp.int32),
-            run=jnp.where(found, self.run + 1, 0).astype(jnp.int32),
             finite_steps=(self.finite_steps + (~found).astype(jnp.int32)).astype(jnp.int32),
             leaf_amax=per,
         )
+
+    def _headroom(self, a: jax.Array) -> jax.Array:
+        """``a / largest``, without the subnormal reciprocal XLA would make of
+        ``1 / 3.4e38`` (flushed to 0 under jit) for bfloat16 and float32."""
+        m, e = math.frexp(self.largest)
+        half = e // 2
+        return (a / jnp.float32(m)) * jnp.float32(2.0**-half) * jnp.float32(2.0 ** (half - e))
 
     def _next_leaf_amax(self, leaf_amax: Any, axis_name: Hashable | None) -> jax.Array | None:
         """`update`'s ``leaf_amax``, checked and max-reduced over `axis_name`."""
@@ -204,33 +221,35 @@ class AmaxScaler(ScalerBase):
             )
         return per if axis_name is None else jax.lax.pmax(per, axis_name)
 
-    def _next_exponent(
+    def _next_exponents(
         self, found: jax.Array, a: jax.Array, *, measured: bool
-    ) -> tuple[jax.Array, jax.Array]:
-        """The rule: log2 of the next scale (clipped), and whether a non-finite
-        step backs off (reason 1) rather than holds (reason 2)."""
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """The rule: log2 of the next scale and of the next ceiling, and the
+        finite steps counted toward the ceiling's growth."""
         e_lo, e_hi = _log2_exact(self.min_scale), _log2_exact(self.max_scale)
-        e_s = jnp.frexp(self.state.scale.reshape(()).astype(jnp.float32))[1] - 1  # log2(scale)
+        e_s = _log2(self.state.scale.reshape(()))
+        e_c = _log2(self.ceiling.reshape(()))
         k = self._room(a)  # largest k with a * 2**k <= target
-        # A finite step: the rule, growth at most x2 once a step has been measured.
+        # A finite step: the rule, growth at most x2 once a step has been
+        # measured, never past the ceiling; the ceiling itself doubles after
+        # growth_interval finite steps in a row (torch's pace), so that where
+        # the amax cannot see the tensor that overflows, the scale climbs back
+        # no faster than torch's would.
         grow = jnp.where(self.finite_steps > 0, jnp.minimum(k, _GROWTH_LOG2), k)
         k_fin = grow if measured else jnp.zeros((), jnp.int32)
-        # A non-finite step: back off (at least x1/2, more if the finite entries
-        # ask for it) when the finite entries had reached the target line, for
-        # the first max_backoffs such steps in a row, and then when the run's
-        # length is a power of two (a NaN the model makes walks the scale down
-        # only logarithmically in its length); else hold.  Before any finite
-        # step nothing is known: from above 1, fall to the probe scale 1 at once
-        # (or lower, if the back-off asks for it).
-        run = self.run
-        explained = a >= jnp.float32(self.target)
-        first = self.finite_steps == 0
-        above = first & (e_s > 0)
-        back = above | explained | (run < self.max_backoffs) | (((run + 1) & run) == 0)
-        k_off = jnp.minimum(k, 0) - 1
-        k_off = jnp.where(first, jnp.minimum(k_off, jnp.where(e_s > 0, -e_s, 0)), k_off)
-        k_bad = jnp.where(back, k_off, 0)
-        return jnp.clip(e_s + jnp.where(found, k_bad, k_fin), e_lo, e_hi), back
+        tracker = self.state.growth_tracker.reshape(()).astype(jnp.int32) + 1
+        raise_ceiling = tracker >= self.growth_interval
+        e_c_fin = jnp.where(raise_ceiling, e_c + 1, e_c)
+        # A non-finite step: back off at least x1/2 (more if the finite
+        # entries ask for it), and the scale that overflowed, halved, is the
+        # new ceiling.
+        e_c_bad = jnp.minimum(e_c, e_s - 1)
+        e_ceiling = jnp.clip(jnp.where(found, e_c_bad, e_c_fin), e_lo, e_hi)
+        e_up = jnp.minimum(e_s + k_fin, e_ceiling)
+        e_down = e_s + jnp.minimum(k, 0) - 1
+        e_next = jnp.clip(jnp.where(found, e_down, e_up), e_lo, e_hi)
+        tracker = jnp.where(found | raise_ceiling, 0, tracker)
+        return e_next, e_ceiling, tracker
 
     def _room(self, a: jax.Array) -> jax.Array:
         """int32: the largest k with ``a * 2**k <= target`` (exact; large for a == 0)."""
@@ -260,6 +279,16 @@ def _scalar_amax(amax: Any, axis_name: Hashable | None) -> jax.Array:
         )
     a = a.reshape(())
     return a if axis_name is None else jax.lax.pmax(a, axis_name)
+
+
+def _log2(scale: jax.Array) -> jax.Array:
+    """int32 log2 of a power-of-two float32 scale."""
+    return jnp.frexp(scale.astype(jnp.float32))[1] - 1
+
+
+def _power(e: jax.Array) -> jax.Array:
+    """float32 ``2**e``, exact for e in the float32 normal range."""
+    return jnp.ldexp(jnp.float32(1.0), e.astype(jnp.int32))
 
 
 def _ceil_log2(n: int) -> int:
@@ -302,7 +331,7 @@ def amax_scaler(
     min_scale: float = 2.0**-24,
     max_scale: float = 2.0**24,
     micro_batches: int = 1,
-    max_backoffs: int = 4,
+    growth_interval: int = 2000,
     compute_dtype: Any = jnp.float16,
     per_leaf: PyTree = None,
     drop_overflow_update: bool = True,
@@ -313,55 +342,60 @@ def amax_scaler(
     The rule (``F``: the largest finite value of `compute_dtype`, 65504 for float16;
     ``M = margin + ceil(log2(micro_batches))``; ``T = F / 2**M``; ``a``: the step's amax, the
     largest absolute gradient among the finite entries, in scaled units, measured at scale
-    ``s``; ``k(a)``: the largest integer with ``a * 2**k <= T``, +inf for ``a == 0``)::
+    ``s``; ``k(a)``: the largest integer with ``a * 2**k <= T``, +inf for ``a == 0``;
+    ``c``: the ceiling)::
 
-      finite step:      next = s * 2**min(k(a), 1)      (first finite step: s * 2**k(a))
-      no finite step yet, s > 1:  next = min(1, s * 2**(min(k(a), 0) - 1))
-                        (a non-finite step: the probe scale 1, or lower; reason 1)
-      non-finite step, a >= T or run < max_backoffs or run + 1 a power of two:
-                        next = s * 2**(min(k(a), 0) - 1)          (reason 1: overflow)
-      other non-finite: next = s        (reason 2: not the scale's doing)
-      next = clip(next, min_scale, max_scale)
+      first step:       s = 1 (the probe: no gradient finite unscaled overflows there)
+      finite step:      next = min(s * 2**min(k(a), 1), c)   (first finite step: s * 2**k(a))
+                        c doubles after growth_interval finite steps in a row
+      non-finite step:  next = s * 2**(min(k(a), 0) - 1),  c = min(c, s / 2)
+                        (reason 1 when a >= T: the amax saw it; else 2)
+      next, c = clip(next, min_scale, max_scale), clip(c, min_scale, max_scale)
 
-    so decreases take effect at once, increases are at most x2 per step, and the scale stays a
-    power of two (unscaling is exact).  ``run``: the non-finite steps in a row before this one
-    (a NaN the model makes walks the scale down ``max_backoffs + log2(length)`` halvings).
+    So decreases take effect at once, increases are at most x2 per step, and the scale stays a
+    power of two (unscaling is exact).  The ceiling starts at `init_scale` and moves as torch's
+    scale does (halved on an overflow, doubled after `growth_interval` clean steps): where the
+    amax cannot see the tensor that overflows (an activation's gradient inside the backward
+    pass), the scale returns to a scale that overflowed no sooner than torch's would.
 
     Args:
       margin: log2 of the headroom kept below ``F`` (default 5, measured on the transformer
         example: docs/guide/amax-scaler.md); an int in [0, 24].
-      init_scale: the first step's scale, a power of two in [min_scale, max_scale]; None
-        (default): 2**16 clipped into them, GradScaler's first step bit for bit (if it overflows,
-        the next runs at the probe scale 1, where no gradient finite unscaled can overflow).
+      init_scale: the ceiling's first value, a power of two in [min_scale, max_scale]; None
+        (default): 2**16 (torch's first scale) clipped into them.  The first step runs at
+        ``min(1, init_scale)``, clipped into ``[min_scale, max_scale]``, and the first finite
+        step sets the scale from its amax, up to the ceiling.
       min_scale, max_scale: powers of two bounding the scale (defaults 2**-24 and 2**24; for
-        bfloat16/float32 compute, whose ``F`` is ~3e38, ``max_scale`` is the scale in practice).
+        bfloat16/float32 compute, whose ``F`` is ~3e38, the ceiling is the scale in practice).
       micro_batches: gradients averaged into one step (accumulation window times replicas),
         an int >= 1; adds ``ceil(log2(micro_batches))`` to the margin (the amax of an average).
-      max_backoffs: non-finite steps in a row that back off although the finite entries stayed
-        below ``T``; after them only the 8th, 16th, 32nd, ... in a row do, so a NaN the model
-        makes does not walk the scale to `min_scale`.  Int in [0, 64].
+      growth_interval: finite steps in a row after which the ceiling doubles (torch's
+        ``growth_interval``, default 2000); an int in [1, 2**31 - 1].
       compute_dtype: the backward pass's dtype: ``float16`` (default), ``bfloat16``, ``float32``.
       per_leaf: None (default), or a pytree shaped like the gradients (the params): the last
         step's amax is then kept per floating leaf, named by ``jax.tree_util.keystr`` path
         (`AmaxScaler.leaf_report`).
       drop_overflow_update: skip non-finite steps (default True).
       measure: None (default: every floating gradient sets the amax), or a pytree of bools
-        shaped like the gradients: only the leaves marked True (the float16-path ones) set it;
-        a float32-only leaf cannot overflow float16 and would hold the scale lower.
-        ``found_inf`` still checks every leaf.
+        with the gradients' structure: only the leaves marked True (the float16-path ones) set
+        it; a float32-only leaf cannot overflow float16 and would hold the scale lower.
+        ``found_inf`` still checks every leaf.  Checked against the gradients' structure when
+        the step is traced.
     """
-    m, k, nb = _checked_counts(margin, micro_batches, max_backoffs)
+    m, k = _int_in(margin, "margin", 0, 24), _int_in(micro_batches, "micro_batches", 1, INT32_MAX)
+    interval = _int_in(growth_interval, "growth_interval", 1, INT32_MAX)
     lo, hi, init = _checked_scales(min_scale, max_scale, init_scale)
     name, paths = _compute_dtype_name(compute_dtype), _leaf_paths(per_leaf)
-    fresh = _fresh(init, m, k, lo, hi, nb, name, paths, drop_overflow_update)
+    fresh = _fresh(init, m, k, lo, hi, interval, name, paths, drop_overflow_update)
     return dataclasses.replace(fresh, measured=_measured(measure))  # () measures every leaf
 
 
-def _measured(measure: PyTree) -> tuple[bool, ...]:
-    """`measure`'s leaves as bools, in tree_flatten order; () for None."""
+def _measured(measure: PyTree) -> tuple[tuple[str, bool], ...]:
+    """`measure`'s leaves as ``(keystr path, bool)``, in tree_flatten order; () for None."""
     if measure is None:
         return ()
-    flags = jax.tree.leaves(measure)
+    flat = jax.tree_util.tree_flatten_with_path(measure, is_leaf=lambda x: x is None)[0]
+    flags = [f for _, f in flat]
     if not flags or not all(isinstance(f, bool | np.bool_) for f in flags):
         raise ValueError(
             "measure must be None or a pytree of bools shaped like the gradients (True: the "
@@ -369,15 +403,17 @@ def _measured(measure: PyTree) -> tuple[bool, ...]:
         )
     if not any(flags):
         raise ValueError("measure must mark at least one leaf True (None measures them all)")
-    return tuple(bool(f) for f in flags)
+    return tuple((jax.tree_util.keystr(p), bool(f)) for p, f in flat)
 
 
-def _checked_counts(margin: Any, micro_batches: Any, max_backoffs: Any) -> tuple[int, int, int]:
-    """`amax_scaler`'s int arguments, each in its range."""
+def _mismatch(name: str, expected: Any, got: Any) -> str:
+    """The error for a `per_leaf` or `measure` tree that is not the gradients'."""
+    missing = [p for p in expected if p not in got][:3]
+    extra = [p for p in got if p not in expected][:3]
     return (
-        _int_in(margin, "margin", 0, 24),
-        _int_in(micro_batches, "micro_batches", 1, INT32_MAX),
-        _int_in(max_backoffs, "max_backoffs", 0, 64),
+        f"amax_scaler({name}=...) was built for a tree with leaves at {list(expected)[:4]}, "
+        f"but the gradients have {list(got)[:4]} (not in the gradients: {missing}; not in "
+        f"{name}: {extra}): pass {name} a pytree with the gradients' structure (the params')"
     )
 
 
@@ -425,27 +461,27 @@ def _fresh(
     micro_batches: int,
     min_scale: float,
     max_scale: float,
-    max_backoffs: int,
+    growth_interval: int,
     compute_dtype: str,
     leaf_paths: tuple[str, ...],
     drop_overflow_update: bool,
 ) -> AmaxScaler:
-    """A scaler before its first step, at scale `init` (its arguments checked)."""
+    """A scaler before its first step: at the probe scale, under ceiling `init`."""
     f32 = functools.partial(jnp.zeros, (), jnp.float32)
-    i32 = functools.partial(jnp.zeros, (), jnp.int32)
+    probe = min(max(_PROBE, min_scale), init)
     return AmaxScaler(
-        fixed_state(init, jnp.float32, ()),
+        fixed_state(probe, jnp.float32, ()),
+        jnp.full((), init, jnp.float32),
         f32(),
         f32(),
         jnp.full((), _NO_STEP, jnp.int32),
-        i32(),
-        i32(),
+        jnp.zeros((), jnp.int32),
         jnp.zeros((len(leaf_paths),), jnp.float32) if leaf_paths else None,
         margin,
         micro_batches,
         min_scale,
         max_scale,
-        max_backoffs,
+        growth_interval,
         compute_dtype,
         leaf_paths,
         drop_overflow_update,
@@ -459,7 +495,7 @@ register_scaler(
         "micro_batches",
         "min_scale",
         "max_scale",
-        "max_backoffs",
+        "growth_interval",
         "compute_dtype",
         "leaf_paths",
         "drop_overflow_update",

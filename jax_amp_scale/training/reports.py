@@ -39,6 +39,7 @@ class OverflowReport:
         self.limit = limit
         self.floor = floor
         self.dynamic = dynamic
+        self.floor_said = False  # the floor's warning is said once, not on every step there
 
     def __call__(self, found: Any, scale_bits: Any, count: Any, previous_bits: Any) -> None:
         if not np.asarray(found).any():
@@ -78,7 +79,8 @@ class OverflowReport:
                 "unscales to NaN, so every later step overflows too; set min_scale= in "
                 "dynamic_scaler() or max_consecutive_overflows= in loss_scaled to stop earlier"
             )
-        elif self.floor is not None and (scale <= self.floor).any():
+        elif self.floor is not None and not self.floor_said and (scale <= self.floor).any():
+            self.floor_said = True
             warn(
                 f"loss_scaled: the scale reached its floor min_scale={self.floor:g} and the "
                 "step still overflowed; the gradients may be non-finite whatever the scale"

@@ -1,11 +1,10 @@
-"""amax_scaler's first step: torch's first scale, then the rule's.
+"""amax_scaler's first step: at the probe scale 1, never lost to the scale.
 
-The default start is GradScaler's 2**16, so the first step's float16
-gradients are GradScaler's bit for bit (no more underflow than torch's
-first step), and a finite first step jumps straight to the scale the amax
-asks for.  When 2**16 overflows, the next step runs at the probe scale 1
-and the one after at the rule's: one skipped step, where torch's GradScaler
-(the real one, below) halves once per skipped step.
+The first step runs at 1, where no gradient that is finite unscaled can
+overflow, whatever `init_scale` says; `init_scale` (GradScaler's 2**16 by
+default) is the ceiling the first finite step's jump stops at.  torch's
+GradScaler (the real one, below) instead skips once per halving from its
+first scale down to one that fits.
 """
 
 from __future__ import annotations
@@ -24,22 +23,27 @@ torch = pytest.importorskip("torch")
 TARGET = 65504.0 / 2**5  # the default margin's line
 
 
-def test_the_default_start_is_torchs():
-    assert float(jas.amax_scaler().scale) == torch.amp.GradScaler("cpu").get_scale() == 2.0**16
+def test_the_default_ceiling_is_torchs_first_scale():
+    k = jas.amax_scaler()
+    assert float(k.ceiling) == torch.amp.GradScaler("cpu").get_scale() == 2.0**16
+    assert float(k.scale) == 1.0  # the probe
 
 
 @pytest.mark.parametrize(
-    ("bounds", "start"),
+    ("bounds", "probe", "ceiling"),
     [
-        ({"max_scale": 64.0}, 64.0),
-        ({"min_scale": 2.0**20}, 2.0**20),
-        ({"max_scale": 2.0**16}, 2.0**16),
+        ({"max_scale": 64.0}, 1.0, 64.0),
+        ({"min_scale": 2.0**20}, 2.0**20, 2.0**20),
+        ({"max_scale": 2.0**16}, 1.0, 2.0**16),
+        ({"init_scale": 2.0**-3}, 2.0**-3, 2.0**-3),
     ],
 )
-def test_the_default_start_is_clipped_into_the_bounds_given(bounds, start):
-    # Bounds that leave 2**16 out move the default start (an explicit
-    # init_scale outside them is an error: test_amax_scaler.py).
-    assert float(jas.amax_scaler(**bounds).scale) == start
+def test_the_start_is_clipped_into_the_bounds_given(bounds, probe, ceiling):
+    # Bounds that leave 2**16 out move the default ceiling (an explicit
+    # init_scale outside them is an error: test_amax_scaler.py), and the
+    # probe stays within [min_scale, ceiling].
+    k = jas.amax_scaler(**bounds)
+    assert (float(k.scale), float(k.ceiling)) == (probe, ceiling)
 
 
 def _float16_model():
@@ -66,27 +70,28 @@ def _first_step(scaler):
     return grads, updates, get_loss_scaled_state(state)
 
 
-def test_the_first_step_is_gradscalers_bit_for_bit():
-    g_amax, u_amax, s_amax = _first_step(jas.amax_scaler())
-    g_dyn, u_dyn, s_dyn = _first_step(jas.dynamic_scaler())  # torch's rule, from 2**16
-    for a, b in zip(
-        jax.tree.leaves((g_amax, u_amax)), jax.tree.leaves((g_dyn, u_dyn)), strict=True
-    ):
+@pytest.mark.parametrize("init_scale", [2.0**16, 2.0**24])
+def test_the_first_step_runs_at_the_probe_and_jumps_to_the_rule(init_scale):
+    grads, updates, state = _first_step(jas.amax_scaler(init_scale=init_scale))
+    params, loss_fn = _float16_model()
+    plain = jax.grad(loss_fn)(params)  # at scale 1: the float16 gradients themselves
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(plain), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert int(s_amax.skipped_steps) == int(s_dyn.skipped_steps) == 0
-    # ... and the next scale is the rule's at once: the largest power of two
-    # that keeps this step's amax (unscaled: the measured one / 2**16) under the line.
-    g = max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(g_amax)) / 2.0**16
+    np.testing.assert_array_equal(updates["w"], -0.1 * plain["w"])
+    assert int(state.skipped_steps) == 0
+    # The next scale is the rule's at once: the largest power of two that
+    # keeps this step's amax under the line, up to the ceiling.
+    g = max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(grads))
     e = 0
     while g * 2.0 ** (e + 1) <= TARGET:
         e += 1
-    assert float(s_amax.scale) == 2.0**e > 2.0**16
+    assert float(state.scale) == min(2.0**e, init_scale) > 1
 
 
-def _ours_until_finite(g, steps=20):
+def _ours_until_finite(g, init_scale, steps=20):
     """Skipped steps of amax_scaler() on gradients `g` (unscaled) that pass
     through float16 at the scale, until a step applies; and the scale after it."""
-    tx = loss_scaled(optax.sgd(0.1), jas.amax_scaler())
+    tx = loss_scaled(optax.sgd(0.1), jas.amax_scaler(init_scale=init_scale))
     params = {"w": jnp.zeros(g.shape)}
     state = tx.init(params)
     update = jax.jit(tx.update)
@@ -117,10 +122,11 @@ def _torch_until_finite(g, steps=20):
     raise AssertionError("never finite")
 
 
+@pytest.mark.parametrize("init_scale", [2.0**16, 2.0**24])
 @pytest.mark.parametrize("largest", [2.0, 8.0, 100.0])
-def test_an_overflowing_first_step_costs_one_skip(largest):
+def test_no_first_step_is_lost_to_the_scale(largest, init_scale):
     g = np.array([largest, 1e-3, -0.5], np.float32)  # finite unscaled; inf at 2**16 in float16
-    ours, scale = _ours_until_finite(g)
+    ours, scale = _ours_until_finite(g, init_scale)
     theirs = _torch_until_finite(g)
-    assert ours == 1 < theirs  # torch halves once per skip: log2 of the excess
+    assert ours == 0 < theirs  # torch halves once per skip: log2 of the excess
     assert scale * largest <= TARGET < 2 * scale * largest  # then the rule's scale at once

@@ -43,11 +43,11 @@ def _first_scale(scaler):
 def test_the_marked_leaves_set_the_scale():
     target = 65504.0 / 2**5
     assert (
-        _first_scale(jas.amax_scaler(init_scale=1.0))
+        _first_scale(jas.amax_scaler())
         == _largest_power_of_two_under(64.0, target)
         == 2.0**4
     )
-    got = _first_scale(jas.amax_scaler(init_scale=1.0, measure=MASK))
+    got = _first_scale(jas.amax_scaler(measure=MASK))
     assert got == _largest_power_of_two_under(1.0, target) == 2.0**10
 
 
@@ -82,16 +82,31 @@ def test_bad_measure_names_the_argument(measure, match):
 
 def test_a_mask_of_another_tree_is_refused_at_trace_time():
     scaler = jas.amax_scaler(measure={"w": True})
-    with pytest.raises(
-        ValueError, match=r"measure=\.\.\.\) marked 1 leaves, but the gradients have 3"
-    ):
+    with pytest.raises(ValueError, match=r"measure=\.\.\.\) was built for a tree with leaves at"):
         jax.jit(lambda s, g: s.unscale_and_update(g)).lower(scaler, GRADS)
+
+
+def test_a_mask_of_another_structure_with_the_same_leaf_count_is_refused():
+    # Issue 51: matched by flatten position, this mask measured the LayerNorm.
+    grads = {"dense": {"w": jnp.ones((2, 2))}, "ln": {"scale": jnp.full(2, 1000.0)}}
+    scaler = jas.amax_scaler(measure=[False, True])
+    with pytest.raises(ValueError, match=r"measure=.*not in the gradients: \['\[0\]', '\[1\]'\]"):
+        scaler.unscale_and_update(grads)
+    per = jas.amax_scaler(per_leaf={"a": jnp.ones(2), "b": jnp.ones(2)})
+    with pytest.raises(ValueError, match=r"per_leaf=.*gradients have"):
+        per.unscale_and_update(grads)  # leaf_report would name another tree's paths
+
+
+def test_a_none_leaf_in_the_mask_is_refused_where_it_is_given():
+    with pytest.raises(ValueError, match=r"pytree of bools.*NoneType"):
+        jas.amax_scaler(measure={"w": True, "b": None})
 
 
 def test_the_mask_survives_a_round_trip_through_the_pytree():
     scaler = jas.amax_scaler(measure=MASK)
     leaves, tree = jax.tree.flatten(scaler)
-    assert jax.tree.unflatten(tree, leaves).measured == (False, False, True)  # ln, step, w
+    want = (("['ln']", False), ("['step']", False), ("['w']", True))
+    assert jax.tree.unflatten(tree, leaves).measured == want
 
 
 def test_a_mask_marking_no_floating_leaf_is_refused_at_trace_time():

@@ -22,17 +22,18 @@ from tests._budget import examples
 CONFIGS = [
     oracle.Config(),
     oracle.Config(
-        margin=0, micro_batches=3, max_backoffs=0, min_scale=2.0, max_scale=2.0**30, init_scale=2.0
+        margin=0, micro_batches=3, growth_interval=1, min_scale=2.0, max_scale=2.0**30,
+        init_scale=2.0,
     ),
     oracle.Config(
-        margin=24, micro_batches=8, min_scale=2.0**-126, max_scale=2.0**6, max_backoffs=1
+        margin=24, micro_batches=8, min_scale=2.0**-126, max_scale=2.0**6, growth_interval=3
     ),
     oracle.Config(
         margin=2,
         compute_dtype="bfloat16",
         min_scale=4.0,
         max_scale=2.0**127,
-        max_backoffs=64,
+        growth_interval=5,
         init_scale=4.0,
     ),
 ]
@@ -53,13 +54,13 @@ def _scan():
     def step(k, x):
         found, a, measured = x
         k = jax.lax.cond(measured, lambda k: k.update(found, amax=a), lambda k: k.update(found), k)
-        return k, (k.scale, k.reason, k.run, k.finite_steps)
+        return k, (k.scale, k.reason, k.ceiling, k.finite_steps)
 
     return jax.jit(lambda k, xs: jax.lax.scan(step, k, xs)[1])
 
 
 def drive(config: oracle.Config, steps: list[tuple[bool, float | None]]):
-    """The real scaler's scale, reason, run and finite_steps after each step."""
+    """The real scaler's scale, reason, ceiling and finite_steps after each step."""
     pad = [(False, 0.0)] * (STEPS - len(steps))  # later steps change no earlier one
     found = np.array([f for f, _ in steps + pad])
     amax = np.array([0.0 if a is None else a for _, a in steps + pad], np.float32)
@@ -99,8 +100,8 @@ def runs(draw):
     lo, hi = (int(np.log2(x)) for x in (base.min_scale, base.max_scale))
     init = 2.0 ** draw(st.integers(lo, hi))
     config = dataclasses.replace(base, init_scale=init)
-    # Overflows in bursts as well as alone: runs past max_backoffs reach the
-    # hold and the power-of-two lengths.
+    # Overflows in bursts as well as alone, finite runs long enough to raise
+    # the ceiling.
     step = st.tuples(st.booleans(), amaxes(config))
     burst = st.tuples(st.integers(1, 20), amaxes(config)).map(lambda p: [(True, p[1])] * p[0])
     parts = draw(st.lists(st.one_of(step.map(lambda s: [s]), burst), min_size=1, max_size=12))
@@ -111,30 +112,37 @@ def runs(draw):
 @given(run=runs())
 def test_every_step_matches_the_brute_force(run):
     config, steps = run
-    scales, reasons, run_lengths, finite_steps = drive(config, steps)
+    scales, reasons, ceilings, finite_steps = drive(config, steps)
     brute = oracle.Oracle(config)
     for i, (found, a) in enumerate(steps):
         want = brute.step(found, a)
         assert (scales[i], reasons[i]) == want, (i, steps[: i + 1], config)
-        assert (run_lengths[i], finite_steps[i]) == (brute.run, brute.finite_steps), i
+        assert (ceilings[i], finite_steps[i]) == (brute.ceiling, brute.finite_steps), i
 
 
 def test_the_brute_force_on_worked_examples():
     # The oracle pinned by hand, so that it cannot drift with the code: the
-    # x2 bound, the probe fall (and lower), the back-off, the two clips.
-    at_1024 = oracle.Config(margin=4, init_scale=2.0**10)  # T = 4094
-    # a = 4094 at 2**10: 4 * 2**10 <= 4094 holds; then 1 / 1024 asks 2**21: x2 only.
-    assert oracle.scales(at_1024, [(False, 4094.0), (False, 1.0)]) == [2.0**10, 2.0**11]
-    assert oracle.scales(oracle.Config(init_scale=2.0**24), [(True, 0.0)]) == [1.0]
-    # T = 2047; at 2 the finite amax 4094 is 2047 unscaled: 1 fits, halved 0.5 (below 1).
-    assert oracle.scales(oracle.Config(init_scale=2.0), [(True, 4094.0)]) == [0.5]
-    # run 0..3 back off (max_backoffs 4), run 4..6 hold (reason 2), run 7 backs off.
-    brute = oracle.Oracle(oracle.Config(init_scale=2.0**10))
-    brute.finite_steps = 1
-    got = [brute.step(True, 0.0) for _ in range(8)]
-    want = zip((9, 8, 7, 6, 6, 6, 6, 5), [1] * 4 + [2] * 3 + [1], strict=True)
-    assert got == [(2.0**e, r) for e, r in want]
-    assert oracle.scales(oracle.Config(), [(False, 0.0)]) == [2.0**24]  # clipped at max_scale
+    # probe start, the x2 bound, the ceiling (its fall and its growth), the
+    # back-off, the two clips.
+    at_1024 = oracle.Config(margin=4, init_scale=2.0**10)  # T = 4094, the ceiling 2**10
+    # At the probe 1, a = 4 asks 2**9; then 1 / 512 asks 2**21: x2 only.
+    assert oracle.scales(at_1024, [(False, 4.0), (False, 1.0)]) == [2.0**9, 2.0**10]
+    # A tiny amax asks 2**22 at once, but the ceiling (2**10) holds the scale.
+    assert oracle.scales(at_1024, [(False, 2.0**-12)]) == [2.0**10]
+    assert oracle.scales(oracle.Config(init_scale=2.0**-3), [(False, 0.0)]) == [2.0**-3]
+    # T = 2047; at the probe 1 the finite amax 4094 fits 2**-1, halved 2**-2.
+    assert oracle.scales(oracle.Config(), [(True, 4094.0)]) == [0.25]
+    # An overflow the amax did not see at 2**6: halved, and 2**5 is the ceiling
+    # until growth_interval (3) finite steps in a row raise it to 2**6.
+    brute = oracle.Oracle(oracle.Config(growth_interval=3))
+    assert brute.step(False, 2.0**-20) == (2.0**16, oracle.FINITE)
+    brute.scale = 2.0**6
+    assert brute.step(True, 1.0) == (2.0**5, oracle.UNSEEN) and brute.ceiling == 2.0**5
+    got = [brute.step(False, 1.0)[0] for _ in range(4)]
+    assert got == [2.0**5, 2.0**5, 2.0**6, 2.0**6] and brute.ceiling == 2.0**6
+    assert brute.step(True, 2047.0) == (2.0**5, oracle.OVERFLOW)  # a == T: seen
+    big = oracle.Config(init_scale=2.0**24)
+    assert oracle.scales(big, [(False, 0.0)]) == [2.0**24]  # clipped at the ceiling
     assert oracle.scales(oracle.Config(), [(False, 3.0e38)]) == [2.0**-24]  # at min_scale
 
 

@@ -36,8 +36,9 @@ from tests import _amax_oracle as amax_oracle
 
 def m4(**kwargs):
     """The worked examples use margin 4 (T = 4094), one below the default, and
-    start at scale 1 (the default start is 2**16) unless told otherwise."""
-    return jas.amax_scaler(4, **{"init_scale": 1.0, **kwargs})
+    a ceiling at max_scale (the default is 2**16) unless told otherwise; every
+    scaler's first step runs at the probe scale 1."""
+    return jas.amax_scaler(4, **{"init_scale": 2.0**24, **kwargs})
 
 
 TRACES = Path(__file__).resolve().parents[2] / "fixtures" / "amax_traces.json"
@@ -50,12 +51,13 @@ def brute_force(scaler):
         scaler.micro_batches,
         scaler.min_scale,
         scaler.max_scale,
-        scaler.max_backoffs,
+        scaler.growth_interval,
         scaler.compute_dtype,
-        init_scale=float(scaler.scale),
+        init_scale=float(scaler.ceiling),
     )
     brute = amax_oracle.Oracle(config)
-    brute.run, brute.finite_steps = int(scaler.run), int(scaler.finite_steps)
+    brute.scale, brute.finite_steps = float(scaler.scale), int(scaler.finite_steps)
+    brute.tracker = int(scaler.state.growth_tracker)
     return brute
 
 
@@ -83,13 +85,14 @@ def test_hand_computed_sequence():
         (False, 0.0001),  # 2**24 = max_scale
         (False, 0.0001),  # capped
         (False, 0.01),  # 409400 -> 2**18, a decrease taken at once
-        (True, 5000 / 2.0**18),  # overflow, finite amax 5000 >= T: x 2**(-1 - 1)
-        (True, 0.0),  # all-NaN step, first in... second in a row (run 1 < 4): x 1/2
-        (False, 0.01),  # at 2**15 a = 327.68; ideal 2**18, bounded to 2**16
+        (True, 5000 / 2.0**18),  # overflow, finite amax 5000 >= T: x 2**(-1 - 1); ceiling 2**17
+        (True, 0.0),  # all-NaN step, the amax saw nothing: x 1/2; ceiling 2**15
+        (False, 0.01),  # at 2**15 a = 327.68; ideal 2**18, bounded to x2, held at the ceiling
     ]
-    scales, reasons, _ = drive(m4(), steps)
-    assert scales == [2.0**e for e in (0, 20, 20, 21, 22, 23, 24, 24, 18, 16, 15, 16)]
-    assert reasons == [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0]
+    scales, reasons, k = drive(m4(), steps)
+    assert scales == [2.0**e for e in (0, 20, 20, 21, 22, 23, 24, 24, 18, 16, 15, 15)]
+    assert reasons == [0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 0]
+    assert float(k.ceiling) == 2.0**15
 
 
 def test_exact_power_of_two_boundary():
@@ -100,7 +103,7 @@ def test_exact_power_of_two_boundary():
 
 def test_margin_and_micro_batches_move_the_target():
     # margin 6 + ceil(log2(3)) = 8: T = 65504 / 256 = 255.875
-    k = jas.amax_scaler(6, micro_batches=3, init_scale=1.0)
+    k = jas.amax_scaler(6, micro_batches=3)
     assert k.target == 65504 / 256
     scales, _, _ = drive(k, [(False, 1.0), (False, 0.25)])
     assert scales == [1.0, 128.0, 256.0]  # 255.875 / 1 -> 2**7; then /0.25 = 1023 -> 2**9, x2
@@ -121,52 +124,62 @@ def test_recorded_transformer_traces():
     assert reasons == [0] * 12
 
 
-def test_nan_not_from_the_scale_holds_after_max_backoffs():
+def test_an_overflow_the_amax_did_not_see_sets_the_ceiling():
+    # The issue-51 shape: the parameter gradients sit far below the line while
+    # a tensor inside the backward pass overflows.  The scale halves like
+    # torch's, and climbs back past the overflowed scale only after
+    # growth_interval finite steps in a row (torch's pace), never every other step.
+    k = m4(growth_interval=4)
+    scales, _, k = drive(k, [(False, 1e-6)])  # at 1: 4094 / 1e-6 -> 2**31, clipped: 2**24
+    assert scales == [1.0, 2.0**24]
+    scales, reasons, k = drive(k, [(True, 1e-6)] * 3)  # unseen: halved three times
+    assert scales == [2.0**e for e in (24, 23, 22, 21)] and reasons == [2, 2, 2]
+    assert float(k.ceiling) == 2.0**21
+    scales, reasons, k = drive(k, [(False, 1e-6)] * 9)
+    # held at the ceiling 2**21 for 4 steps, then one doubling per 4 steps
+    assert scales == [2.0**e for e in (21, 21, 21, 21, 22, 22, 22, 22, 23, 23)]
+    assert reasons == [0] * 9 and float(k.ceiling) == 2.0**23
+
+
+def test_nan_episode_backs_off_every_step_as_torch_does():
     k = m4(init_scale=2.0**10)
-    scales, _, k = drive(k, [(False, 4094 / 2.0**10)])  # one finite step: stays at 2**10
-    assert scales == [2.0**10, 2.0**10]
-    scales, reasons, k = drive(k, [(True, 0.0)] * 20)  # NaN everywhere, finite amax 0
-    # run 0-3 back off (max_backoffs 4); then only run + 1 = 8 and 16.
-    e = [9, 8, 7, 6, 6, 6, 6, 5, 5, 5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 4]
-    assert scales == [2.0**10] + [2.0**x for x in e]
-    assert reasons == [1] * 4 + [2] * 3 + [1] + [2] * 7 + [1] + [2] * 4
-    assert int(k.run) == 20
-    # The next finite step resets the run and grows x2 at most.
-    scales, reasons, k = drive(k, [(False, 1e-6), (False, 1e-6)])
-    assert scales == [2.0**4, 2.0**5, 2.0**6] and reasons == [0, 0]
-    assert int(k.run) == 0
+    scales, _, k = drive(k, [(False, 4094 / 2.0**10)])  # at 1: fits 2**10, the ceiling
+    assert scales == [1.0, 2.0**10]
+    scales, reasons, k = drive(k, [(True, 0.0)] * 6)  # NaN everywhere, finite amax 0
+    assert scales == [2.0**e for e in (10, 9, 8, 7, 6, 5, 4)] and reasons == [2] * 6
+    assert float(k.ceiling) == 2.0**4
+    scales, reasons, k = drive(k, [(False, 1e-6), (False, 1e-6)])  # held by the ceiling
+    assert scales == [2.0**4] * 3 and reasons == [0, 0]
 
 
-def test_overflow_before_any_finite_step_falls_to_the_probe_scale():
-    k = m4(init_scale=2.0**24)
+def test_overflow_at_the_probe_backs_off_below_it():
+    k = m4()
     steps = [
-        (True, 0.0),  # no finite step yet, scale above 1: straight to 1
-        (True, 0.0),  # at 1: the ordinary rule, run 1 < 4: x 1/2
-        (False, 0.003),  # first finite step at 1/2: unbounded, 4094 / 0.003 -> 2**20
+        (True, 0.0),  # at the probe 1, nothing measured: x 1/2, ceiling 1/2
+        (False, 0.003),  # first finite step at 1/2: 2**20 asked, the ceiling holds 1/2
     ]
-    scales, reasons, _ = drive(k, steps)
-    assert scales == [2.0**24, 1.0, 0.5, 2.0**20]
-    assert reasons == [1, 1, 0]
+    scales, reasons, k = drive(k, steps)
+    assert scales == [1.0, 0.5, 0.5]
+    assert reasons == [2, 0]
 
 
 def test_nan_with_large_finite_entries_keeps_backing_off():
-    k = m4(init_scale=2.0**10, max_backoffs=0)
+    k = m4(init_scale=2.0**10)
     steps = [
-        (False, 4094 / 2.0**10),  # finite, stays at 2**10
+        (False, 4094 / 2.0**10),  # at 1: 2**10, the ceiling
         (True, 8000 / 2.0**10),  # finite amax 8000 >= T: the scale's doing; k(8000) = -1: x 2**-2
-        (True, 0.0),  # not explained, but run + 1 = 2 is a power of two: x 1/2
-        (True, 0.0),  # run + 1 = 3: held
+        (True, 0.0),  # the amax saw nothing: x 1/2
     ]
     scales, reasons, _ = drive(k, steps)
-    assert scales == [2.0**10, 2.0**10, 2.0**8, 2.0**7, 2.0**7]
-    assert reasons == [0, 1, 1, 2]
+    assert scales == [1.0, 2.0**10, 2.0**8, 2.0**7]
+    assert reasons == [0, 1, 2]
 
 
 def test_update_without_amax_never_grows():
     k = m4(init_scale=4.0)
     k = k.update(jnp.bool_(False))
-    assert float(k.scale) == 4.0
-    assert float(k.update(jnp.bool_(True)).scale) == 2.0
+    assert float(k.scale) == 1.0  # the probe, kept: nothing measured
+    assert float(k.update(jnp.bool_(True)).scale) == 0.5
 
 
 def params_and_grads():
@@ -201,10 +214,10 @@ def test_overflow_is_skipped_exactly():
     assert all(bool(jnp.all(x == 0)) for x in jax.tree.leaves(u))
     for a, b in zip(jax.tree.leaves(st.inner_state), jax.tree.leaves(st2.inner_state), strict=True):
         np.testing.assert_array_equal(a, b)
-    assert int(st2.skipped_steps) == 1 and int(st2.scaler.reason) == 1
-    assert float(st2.scaler.scale) == 1.0  # no finite step yet: to the probe scale
+    assert int(st2.skipped_steps) == 1 and int(st2.scaler.reason) == 2  # amax 1 < T
+    assert float(st2.scaler.scale) == 0.5  # halved from the probe 1
     _, st3 = jax.jit(tx.update)(bad, st2, params)
-    assert int(st3.skipped_steps) == 2 and float(st3.scaler.scale) == 0.5
+    assert int(st3.skipped_steps) == 2 and float(st3.scaler.scale) == 0.25
 
 
 def test_accumulate_gradients_and_trainer():
@@ -304,7 +317,7 @@ def test_export_round_trip_and_pickle():
             r"min_scale \(16.0\) must not exceed max_scale",
         ),
         ({"micro_batches": 0}, r"micro_batches must be an int in \[1,"),
-        ({"max_backoffs": 65}, r"max_backoffs must be an int in \[0, 64\]"),
+        ({"growth_interval": 0}, r"growth_interval must be an int in \[1, 2147483647\]"),
         ({"compute_dtype": jnp.int8}, r"compute_dtype must be one of float16, bfloat16, float32"),
         ({"per_leaf": {"i": jnp.zeros(2, jnp.int32)}}, r"per_leaf must be a pytree"),
     ],
@@ -368,8 +381,9 @@ def test_update_over_axis_name_reduces_every_amax():
 
 def test_default_margin_is_the_measured_one():
     k = jas.amax_scaler()
-    assert (k.margin, k.micro_batches, k.max_backoffs) == (5, 1, 4)
-    assert k.target == 65504 / 32 and float(k.scale) == 2.0**16  # torch's first scale
+    assert (k.margin, k.micro_batches, k.growth_interval) == (5, 1, 2000)
+    assert k.target == 65504 / 32 and float(k.ceiling) == 2.0**16  # torch's first scale
+    assert float(k.scale) == 1.0  # the probe
     assert (k.min_scale, k.max_scale, k.compute_dtype) == (2.0**-24, 2.0**24, "float16")
 
 
@@ -497,3 +511,12 @@ def test_study_torch_twin_records_each_micro_batch(tmp_path):
     traces = json.loads((tmp_path / "amax_traces.json").read_text())
     ratio = traces["accum8/0/torch"]["amax"][0] / traces["accum8/0/dynamic"]["amax"][0]
     assert abs(ratio - 1 / 8) < 0.125 * 0.05, ratio
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_headroom_used_is_not_flushed_under_jit(dtype):
+    # Issue 51: a / F became a * (1 / F), a subnormal flushed to 0 under jit.
+    k = jas.amax_scaler(compute_dtype=dtype)
+    got = jax.jit(lambda k: k.update(False, amax=1e6).headroom_used)(k)
+    largest = float(jnp.finfo(jnp.dtype(dtype)).max)
+    assert float(got) == pytest.approx(1e6 / largest, rel=1e-6) and float(got) > 0
