@@ -21,6 +21,10 @@ class Trainer:
     """Scales the loss, differentiates, averages over replicas, steps or skips:
     a thin loop over `loss_scaled`, like torch's ``GradScaler`` around an optimizer.
 
+    For a new float16 run, pass `amax_scaler()`; keep the default
+    `dynamic_scaler()` where the run must take torch's `GradScaler`
+    decisions step for step.
+
     Args:
       optimizer: an optax transformation; the Trainer wraps it as
         ``loss_scaled(optimizer, scaler)`` (and in `accumulate_gradients`

@@ -251,6 +251,10 @@ def loss_scaled(
 ) -> LossScaled:
     """Wraps `inner` so that it receives unscaled, checked gradients.
 
+    For a new float16 run, pass `amax_scaler()`; keep the default
+    `dynamic_scaler()` where the run must take torch's `GradScaler`
+    decisions step for step.
+
     Args:
       inner: any optax transformation or chain (extra args are forwarded).
         ``optax.MultiSteps`` inside updates the scale every micro-batch

@@ -584,3 +584,65 @@ def test_the_fallback_promises_the_same_bits_per_operator_not_per_run():
 def test_readme_promises_the_fallback_s_same_bits_per_operator():
     bad = [b for b in _fallback_promises() if b.startswith("README.md")]
     assert not bad, "\n".join(bad)
+
+
+# ---- one answer to "which scaler?" -------------------------------------------
+
+RECOMMENDATION = FACTS["recommendation"]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_default_scaler_is_the_facts():
+    import jax_amp_scale as jas
+    from jax_amp_scale.optax import get_loss_scaled_state, loss_scaled
+
+    optax = pytest.importorskip("optax")
+    state = loss_scaled(optax.sgd(0.1)).init({"w": jax_zeros()})
+    name = RECOMMENDATION["default"]
+    assert type(get_loss_scaled_state(state).scaler) is type(getattr(jas, name)())
+
+
+def jax_zeros():
+    import jax.numpy as jnp
+
+    return jnp.zeros(2)
+
+
+@pytest.mark.parametrize("page", RECOMMENDATION["pages"])
+def test_every_page_that_recommends_says_the_one_sentence(page):
+    assert _flat(RECOMMENDATION["sentence"]) in _flat((ROOT / page).read_text()), page
+
+
+@pytest.mark.parametrize("name", RECOMMENDATION["docstrings"])
+def test_the_user_facing_docstrings_say_the_one_sentence(name):
+    import jax_amp_scale as jas
+    from jax_amp_scale import optax as jas_optax
+
+    obj = getattr(jas_optax, name, None) or getattr(jas, name)
+    assert _flat(RECOMMENDATION["sentence"]) in _flat(obj.__doc__), name
+
+
+# "`dynamic_scaler()` (the default", "the default `dynamic_scaler()`",
+# "`dynamic_scaler()` is the default": every page that names the default
+# scaler names the same one.
+DEFAULT_NAMED = re.compile(
+    r"`(\w+_scaler)\(\)`,? \(?(?:is )?the default\b|the default,? `(\w+_scaler)\(\)`"
+)
+
+
+def test_every_page_naming_a_default_scaler_names_the_same_one():
+    named = {}
+    for page in PAGES:
+        for m in DEFAULT_NAMED.finditer(_flat(_prose(page))):
+            named.setdefault(m.group(1) or m.group(2), []).append(_where(page))
+    assert set(named) == {RECOMMENDATION["default"]}, named
+
+
+def test_no_page_recommends_a_scaler_in_other_words():
+    # The sentences the three answers of issue 51 used: gone in favour of the one.
+    others = re.compile(r"use `amax_scaler` when|Use `dynamic_scaler` when|should use `\w+_scaler")
+    found = [_where(p) for p in PAGES if others.search(_flat(p.read_text()))]
+    assert not found

@@ -214,3 +214,40 @@ def test_watch_probes():
 
 def test_exported_at_top_level():
     assert {"watch_amax", "watch_probes"} <= set(jas.__all__)
+
+
+def test_under_scan_one_probe_per_iteration_gives_each_amax():
+    # Issue 51: a probe shared by scan's iterations gets the sum of their
+    # amaxes (JAX adds a constant's cotangents); the docstring says so and
+    # says to pass one probe per iteration as xs, whose max is the max.
+    xs = jnp.array([[1.0, -6.0], [2.0, 3.0], [-4.0, 0.5]])
+
+    def shared(p):
+        def body(c, x):
+            return c + jnp.sum(jas.watch_amax(x, p)), None
+
+        return jax.lax.scan(body, 0.0, xs)[0]
+
+    def per_iteration(ps):
+        def body(c, xp):
+            x, p = xp
+            return c + jnp.sum(jas.watch_amax(x, p)), None
+
+        return jax.lax.scan(body, 0.0, (xs, ps))[0]
+
+    # every cotangent entry is 1: each iteration's amax is 1 (sum: 3)
+    assert float(jax.grad(shared)(jnp.float32(0))) == 3.0
+    g = jax.grad(per_iteration)(jas.watch_probes(3))
+    np.testing.assert_array_equal(g, [1.0, 1.0, 1.0])
+
+    def scaled(ps):  # cotangents x itself: amaxes 6, 3, 4
+        def body(c, xp):
+            x, p = xp
+            return c + jnp.sum(jas.watch_amax(x, p) * jax.lax.stop_gradient(x)), None
+
+        return jax.lax.scan(body, 0.0, (xs, ps))[0]
+
+    g = jax.grad(scaled)(jas.watch_probes(3))
+    np.testing.assert_array_equal(g, [6.0, 3.0, 4.0])
+    assert float(jnp.max(g)) == 6.0
+    assert "pass the probes as" in " ".join(jas.watch_amax.__doc__.split())

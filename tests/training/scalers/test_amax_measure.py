@@ -42,11 +42,7 @@ def _first_scale(scaler):
 
 def test_the_marked_leaves_set_the_scale():
     target = 65504.0 / 2**5
-    assert (
-        _first_scale(jas.amax_scaler())
-        == _largest_power_of_two_under(64.0, target)
-        == 2.0**4
-    )
+    assert _first_scale(jas.amax_scaler()) == _largest_power_of_two_under(64.0, target) == 2.0**4
     got = _first_scale(jas.amax_scaler(measure=MASK))
     assert got == _largest_power_of_two_under(1.0, target) == 2.0**10
 

@@ -22,7 +22,11 @@ from tests._budget import examples
 CONFIGS = [
     oracle.Config(),
     oracle.Config(
-        margin=0, micro_batches=3, growth_interval=1, min_scale=2.0, max_scale=2.0**30,
+        margin=0,
+        micro_batches=3,
+        growth_interval=1,
+        min_scale=2.0,
+        max_scale=2.0**30,
         init_scale=2.0,
     ),
     oracle.Config(
