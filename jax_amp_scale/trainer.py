@@ -26,13 +26,11 @@ class Trainer:
     decisions step for step.
 
     Args:
-      optimizer: an optax transformation; the Trainer wraps it as
-        ``loss_scaled(optimizer, scaler)`` (and in `accumulate_gradients`
-        with ``accumulate > 1``).  Or a transformation that `loss_scaled` (or
-        `accumulate_gradients` around it) already built, for its options
-        (``max_consecutive_overflows``, ``skip_nonfinite_updates``, ...):
-        then `scaler` and `accumulate` must be left out.  Clipping goes
-        inside: ``optax.chain(clip_grad_norm(1.0), optax.adam(1e-3))``.
+      optimizer: an optax transformation, wrapped as ``loss_scaled(optimizer,
+        scaler)`` (and in `accumulate_gradients` with ``accumulate > 1``); or
+        one that `loss_scaled` already built, for its options, with `scaler`
+        and `accumulate` left out.  Clipping goes inside:
+        ``optax.chain(clip_grad_norm(1.0), optax.adam(1e-3))``.
       scaler: `dynamic_scaler()` (default), `static_scaler(x)`,
         `amax_scaler()`, `no_op_scaler()` or a `ScaleState`.
       policy: optional `Policy`: the loss function gets
@@ -55,9 +53,8 @@ class Trainer:
     (int32 `SkipReason`), ``consecutive_overflows``, ``skipped_steps`` and
     ``total_steps`` (int32 optimizer steps, after this call), ``grad_norm``
     (when a `clip_grad_norm` is in the optimizer), ``amax`` and
-    ``headroom_used`` (float32, the last optimizer step's, with
-    `amax_scaler`) and ``aux`` with ``has_aux``.  Whenever no update is applied the returned params are the
-    input params, bit for bit.
+    ``headroom_used`` (float32, with `amax_scaler`) and ``aux`` with
+    ``has_aux``.  With no update applied the params come back bit for bit.
     """
 
     def __init__(

@@ -9,7 +9,7 @@ import functools
 import math
 import numbers
 from collections.abc import Hashable
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +24,6 @@ from jax_amp_scale.training.scalers import ScalerBase, fixed_state, found_flag, 
 
 # AmaxScaler's reason codes (its ``reason`` leaf).
 _NO_STEP, _FINITE, _OVERFLOW, _UNSEEN = -1, 0, 1, 2
-_GROWTH_LOG2 = 1  # at most x2 per step once a step has been measured
 _NO_LIMIT = 1 << 20  # "no bound" for an exponent (all-zero gradients)
 _PROBE = 1.0  # the first step's scale: no gradient finite unscaled overflows there
 
@@ -33,26 +32,15 @@ _PROBE = 1.0  # the first step's scale: no gradient finite unscaled overflows th
 class AmaxScaler(ScalerBase):
     """A power-of-two scale set ahead of overflow from the step's amax.
 
-    Build one with `amax_scaler` (the rule, in full, is in its docstring and
-    in docs/guide/amax-scaler.md).  ``unscale_and_update`` unscales and checks
-    the gradients and measures ``amax``, the largest absolute gradient among the
-    finite entries in scaled units, in the same function; ``update(found_inf,
-    amax=...)`` applies the rule.
-
-    Leaves: ``state`` (a `ScaleState` whose factors are 1.0: the core
-    `update_scale` never moves it; its ``growth_tracker`` counts the finite
-    steps since the ceiling last moved), ``ceiling`` (float32, the scale's
-    upper bound: below the last scale that overflowed, doubled after
-    ``growth_interval`` finite steps in a row, as torch's scale is),
-    ``amax`` (float32, the last step's), ``headroom_used`` (float32,
-    ``amax / largest finite of compute_dtype``), ``reason`` (int32: -1 no
-    step yet, 0 finite, 1 overflow the amax saw, 2 overflow the amax did not
-    see), ``finite_steps`` (int32), ``leaf_amax`` (float32, one per named
-    leaf; None unless asked).
-    Static: ``margin``, ``micro_batches``, ``min_scale``, ``max_scale``,
-    ``growth_interval``, ``compute_dtype`` (a dtype name), ``leaf_paths``,
-    ``drop_overflow_update``, ``measured`` (``(keystr path, bool)`` per gradient
-    leaf: the leaves whose amax sets the scale; () for all).
+    Build one with `amax_scaler` (its docstring gives the rule).
+    ``unscale_and_update`` unscales, checks and measures the gradients in one
+    pass; ``update(found_inf, amax=...)`` applies the rule.  Leaves: ``state``
+    (a `ScaleState` with factors 1.0; its ``growth_tracker`` counts the
+    finite steps since the ceiling last moved), ``ceiling``, ``amax`` (the
+    last step's, scaled units), ``headroom_used`` (``amax / largest``),
+    ``reason`` (-1 no step yet, 0 finite, 1 overflow the amax saw, 2 one it
+    did not see), ``finite_steps``, ``leaf_amax`` (per ``per_leaf`` leaf, or
+    None); the rest is static (``measured``: ``(keystr path, bool)`` per leaf).
     """
 
     state: ScaleState
@@ -71,13 +59,6 @@ class AmaxScaler(ScalerBase):
     leaf_paths: tuple[str, ...] = ()
     drop_overflow_update: bool = True
     measured: tuple[tuple[str, bool], ...] = ()
-
-    REASONS: ClassVar[dict[int, str]] = {
-        _NO_STEP: "no step yet",
-        _FINITE: "finite",
-        _OVERFLOW: "overflow",
-        _UNSEEN: "overflow the amax did not see",
-    }
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -160,21 +141,16 @@ class AmaxScaler(ScalerBase):
 
         Args:
           found_inf: whether this step's gradients were not finite: a bool,
-            int or float scalar (Python, NumPy or JAX; shape ``()`` or
-            ``(1,)``), read by its bits: nonzero, subnormal and NaN count.
+            int or float scalar of shape ``()`` or ``(1,)``, read by its bits.
           amax: the step's amax in scaled units (finite entries only), a
-            float scalar, as `unscale_and_update` measures it; None (default,
-            generic code that passes only ``found_inf``): nothing measured,
-            so a finite step keeps the scale.
-          leaf_amax: the step's amax per floating leaf named by ``per_leaf``,
-            one float each, in ``tree_flatten`` order; None (default) keeps the
-            last ones.  Ignored when the scaler was built without ``per_leaf``.
-          axis_name: optional mapped axis name, or tuple of names:
-            ``found_inf`` is OR-reduced and `amax` and `leaf_amax`
-            max-reduced across it.
-          backend: not used (the rule is pure JAX); taken, and checked, so
-            that generic scaler code can pass it: ``"auto"`` (default),
-            ``"reference"`` or ``"ffi"``.
+            float scalar; None (default): nothing measured, so a finite step
+            keeps the scale.
+          leaf_amax: one amax per floating leaf that ``per_leaf`` named, in
+            ``tree_flatten`` order; None (default) keeps the last ones.
+          axis_name: optional mapped axis name(s): ``found_inf`` OR-reduced,
+            the amaxes max-reduced across it.
+          backend: checked and unused (the rule is pure JAX), for generic
+            scaler code: ``"auto"`` (default), ``"reference"`` or ``"ffi"``.
         """
         check_backend(backend)  # checked, then unused: the rule is pure JAX
         found = found_flag(found_inf, self.state, axis_name).reshape(())
@@ -230,19 +206,16 @@ class AmaxScaler(ScalerBase):
         e_s = _log2(self.state.scale.reshape(()))
         e_c = _log2(self.ceiling.reshape(()))
         k = self._room(a)  # largest k with a * 2**k <= target
-        # A finite step: the rule, growth at most x2 once a step has been
-        # measured, never past the ceiling; the ceiling itself doubles after
-        # growth_interval finite steps in a row (torch's pace), so that where
-        # the amax cannot see the tensor that overflows, the scale climbs back
-        # no faster than torch's would.
-        grow = jnp.where(self.finite_steps > 0, jnp.minimum(k, _GROWTH_LOG2), k)
+        # A finite step: growth at most x2 once a step has been measured, never
+        # past the ceiling, which doubles at torch's pace: where the amax cannot
+        # see the tensor that overflows, the scale climbs back no faster.
+        grow = jnp.where(self.finite_steps > 0, jnp.minimum(k, 1), k)
         k_fin = grow if measured else jnp.zeros((), jnp.int32)
         tracker = self.state.growth_tracker.reshape(()).astype(jnp.int32) + 1
         raise_ceiling = tracker >= self.growth_interval
         e_c_fin = jnp.where(raise_ceiling, e_c + 1, e_c)
-        # A non-finite step: back off at least x1/2 (more if the finite
-        # entries ask for it), and the scale that overflowed, halved, is the
-        # new ceiling.
+        # A non-finite step: at least x1/2 (more if the finite entries ask),
+        # and the scale that overflowed, halved, is the new ceiling.
         e_c_bad = jnp.minimum(e_c, e_s - 1)
         e_ceiling = jnp.clip(jnp.where(found, e_c_bad, e_c_fin), e_lo, e_hi)
         e_up = jnp.minimum(e_s + k_fin, e_ceiling)
@@ -267,9 +240,8 @@ class AmaxScaler(ScalerBase):
 
 
 def _scalar_amax(amax: Any, axis_name: Hashable | None) -> jax.Array:
-    """`update`'s ``amax`` as a float32 scalar (0 for None), max-reduced over
-    `axis_name`; another shape is refused here, at trace time (a reshape
-    would fail inside jax with a message that names no argument)."""
+    """`update`'s ``amax``, a float32 scalar (0 for None), max-reduced over `axis_name`;
+    another shape is refused at trace time, naming the argument."""
     a = jnp.zeros((), jnp.float32) if amax is None else jnp.asarray(amax, jnp.float32)
     if a.shape not in ((), (1,)):
         raise ValueError(
@@ -301,11 +273,7 @@ def _log2_exact(value: float) -> int:
 
 
 def _int_in(value: Any, name: str, lo: int, hi: int) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Integral)
-        or not lo <= int(value) <= hi
-    ):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not lo <= value <= hi:
         raise ValueError(f"{name} must be an int in [{lo}, {hi}], got {value!r}")
     return int(value)
 
@@ -345,26 +313,22 @@ def amax_scaler(
     ``s``; ``k(a)``: the largest integer with ``a * 2**k <= T``, +inf for ``a == 0``;
     ``c``: the ceiling)::
 
-      first step:       s = 1 (the probe: no gradient finite unscaled overflows there)
-      finite step:      next = min(s * 2**min(k(a), 1), c)   (first finite step: s * 2**k(a))
-                        c doubles after growth_interval finite steps in a row
-      non-finite step:  next = s * 2**(min(k(a), 0) - 1),  c = min(c, s / 2)
-                        (reason 1 when a >= T: the amax saw it; else 2)
-      next, c = clip(next, min_scale, max_scale), clip(c, min_scale, max_scale)
+      first step:  s = 1 (no gradient finite unscaled overflows there),  c = init_scale
+      finite:      next = min(s * 2**min(k(a), 1), c)  (first finite: s * 2**k(a));
+                   c doubles after growth_interval finite steps in a row
+      non-finite:  next = s * 2**(min(k(a), 0) - 1),  c = min(c, s / 2)
+      both clipped to [min_scale, max_scale]
 
-    So decreases take effect at once, increases are at most x2 per step, and the scale stays a
-    power of two (unscaling is exact).  The ceiling starts at `init_scale` and moves as torch's
-    scale does (halved on an overflow, doubled after `growth_interval` clean steps): where the
-    amax cannot see the tensor that overflows (an activation's gradient inside the backward
-    pass), the scale returns to a scale that overflowed no sooner than torch's would.
+    The scale stays a power of two (unscaling is exact).  The ceiling moves as torch's scale
+    does, so where the amax cannot see the tensor that overflows (an activation's gradient),
+    the scale climbs back into an overflow no sooner than torch's.
 
     Args:
       margin: log2 of the headroom kept below ``F`` (default 5, measured on the transformer
         example: docs/guide/amax-scaler.md); an int in [0, 24].
       init_scale: the ceiling's first value, a power of two in [min_scale, max_scale]; None
         (default): 2**16 (torch's first scale) clipped into them.  The first step runs at
-        ``min(1, init_scale)``, clipped into ``[min_scale, max_scale]``, and the first finite
-        step sets the scale from its amax, up to the ceiling.
+        ``min(1, init_scale)`` (at least `min_scale`).
       min_scale, max_scale: powers of two bounding the scale (defaults 2**-24 and 2**24; for
         bfloat16/float32 compute, whose ``F`` is ~3e38, the ceiling is the scale in practice).
       micro_batches: gradients averaged into one step (accumulation window times replicas),
@@ -377,10 +341,8 @@ def amax_scaler(
         (`AmaxScaler.leaf_report`).
       drop_overflow_update: skip non-finite steps (default True).
       measure: None (default: every floating gradient sets the amax), or a pytree of bools
-        with the gradients' structure: only the leaves marked True (the float16-path ones) set
-        it; a float32-only leaf cannot overflow float16 and would hold the scale lower.
-        ``found_inf`` still checks every leaf.  Checked against the gradients' structure when
-        the step is traced.
+        with the gradients' structure (checked at trace time): only the leaves marked True
+        (the float16-path ones) set it.  ``found_inf`` still checks every leaf.
     """
     m, k = _int_in(margin, "margin", 0, 24), _int_in(micro_batches, "micro_batches", 1, INT32_MAX)
     interval = _int_in(growth_interval, "growth_interval", 1, INT32_MAX)
@@ -407,26 +369,22 @@ def _measured(measure: PyTree) -> tuple[tuple[str, bool], ...]:
 
 
 def _mismatch(name: str, expected: Any, got: Any) -> str:
-    """The error for a `per_leaf` or `measure` tree that is not the gradients'."""
-    missing = [p for p in expected if p not in got][:3]
-    extra = [p for p in got if p not in expected][:3]
+    missing, extra = [p for p in expected if p not in got], [p for p in got if p not in expected]
     return (
-        f"amax_scaler({name}=...) was built for a tree with leaves at {list(expected)[:4]}, "
-        f"but the gradients have {list(got)[:4]} (not in the gradients: {missing}; not in "
-        f"{name}: {extra}): pass {name} a pytree with the gradients' structure (the params')"
+        f"amax_scaler({name}=...) was built for a tree with leaves at {list(expected)[:4]}, but "
+        f"the gradients have {list(got)[:4]} (not in the gradients: {missing[:3]}; not in {name}: "
+        f"{extra[:3]}): pass {name} a pytree with the gradients' structure (the params')"
     )
 
 
 def _checked_scales(min_scale: Any, max_scale: Any, init_scale: Any) -> tuple[float, float, float]:
     """``(min_scale, max_scale, init_scale)``: powers of two, init_scale between the others
     (None: torch's first scale, 2**16, clipped between them)."""
-    lo = _power_of_two(min_scale, "min_scale")
-    hi = _power_of_two(max_scale, "max_scale")
+    lo, hi = _power_of_two(min_scale, "min_scale"), _power_of_two(max_scale, "max_scale")
     if lo > hi:
         raise ValueError(f"min_scale ({lo}) must not exceed max_scale ({hi})")
-    init = (
-        min(max(2.0**16, lo), hi) if init_scale is None else _power_of_two(init_scale, "init_scale")
-    )
+    init = 2.0**16 if init_scale is None else _power_of_two(init_scale, "init_scale")
+    init = min(max(init, lo), hi) if init_scale is None else init
     if not lo <= init <= hi:
         raise ValueError(
             f"init_scale ({init}) must lie within [min_scale, max_scale] = [{lo}, {hi}]"

@@ -274,17 +274,13 @@ def loss_scaled(
         off the scale.  None (default): on when a parameter (without
         `params`: an update) is 16-bit and overflow steps are dropped.
       max_consecutive_overflows: None (torch: no limit) or n: the n-th
-        overflowing step in a row fails the step: your code receives
-        ``jax.errors.JaxRuntimeError`` when the step's result is read (its
-        message holds ``FloatingPointError: loss_scaled: ...``, but
-        ``except FloatingPointError`` does not catch it).
+        overflowing step in a row fails the step, by a host report.
       host_reports: the host's warnings (50 overflows in a row, naming the
         likely causes; a dynamic scale at 0 or ``min_scale``; a run of 10
         non-finite updates) and the `max_consecutive_overflows` error, which
-        reaches your code as ``jax.errors.JaxRuntimeError`` holding
-        ``FloatingPointError: loss_scaled: ...`` on every dispatch path (by a
-        host callback).  They run only on the steps they report.  False for
-        ``jax.export``: the counters stay in the state.
+        reaches your code as a ``jax.errors.JaxRuntimeError`` when the step's
+        result is read (not caught by ``except FloatingPointError``, the text
+        inside that JaxRuntimeError).  False for ``jax.export``.
       backend: the `update_scale` backend (``"auto"``, ``"reference"``,
         ``"ffi"``); the gradient pass is ``"reference"`` with
         ``"reference"``, else ``"auto"``.
