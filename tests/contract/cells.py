@@ -38,7 +38,7 @@ from tests import _amax_oracle as amax_oracle
 LR, MOMENTUM = 0.25, 0.5
 INIT_SCALE, GROWTH_INTERVAL, STATIC_SCALE = 16.0, 2, 8.0
 MAX_NORM = 1.5
-AMAX_INIT = 2.0**16  # amax_scaler()'s own start (within its default bounds)
+AMAX_INIT = 1.0  # amax_scaler()'s first step: the probe scale 1 (its ceiling starts at 2**16)
 STEPS = 8
 OVERFLOW_AT = (2, 5)  # steps whose batch holds inf (2) or NaN (5)
 
