@@ -12,9 +12,7 @@ five ways:
 - ``torch``: the torch twin (``transformer_lm_torch.py``) under CPU autocast
   float16 with ``torch.amp.GradScaler`` and the same settings;
 - ``amax``: float16 matrix products, ``loss_scaled`` with ``amax_scaler()``
-  (first scale 2**16, torch's);
-- ``amax1``: the same with ``amax_scaler(init_scale=1.0)``, the probe scale
-  (the default until the first step moved to torch's);
+  (first step at the scale 1, its ceiling from torch's 2**16);
 - ``amax-f16``: ``amax_scaler(measure=...)`` with the Linear layers marked:
   only the float16-path leaves set the amax.
 
@@ -123,8 +121,7 @@ def scaler_for(kind: str, v: Variant, cfg: lm.Config, params: Any = None) -> Any
     if kind == "dynamic":
         init = cfg.init_scale if v.init_scale is None else v.init_scale
         return jas.dynamic_scaler(init, growth_interval=cfg.growth_interval)
-    first = AMAX_INIT.get(kind) if v.init_scale is None else v.init_scale
-    start = {} if first is None else {"init_scale": first}
+    start = {} if v.init_scale is None else {"init_scale": v.init_scale}
     measure = None
     if kind == "amax-f16":  # the float16-path leaves only set the amax
         measure = jax.tree_util.tree_map_with_path(
@@ -133,10 +130,6 @@ def scaler_for(kind: str, v: Variant, cfg: lm.Config, params: Any = None) -> Any
     return jas.amax_scaler(micro_batches=v.accumulate, measure=measure, **start)
 
 
-# The amax scaler's first scale where it is not the default (2**16, torch's):
-# amax1 starts at the probe scale 1 (no overflow, but small gradients
-# underflow on that one step), the default until it moved to torch's.
-AMAX_INIT = {"amax1": 1.0}
 
 
 # The leaves whose gradient a float16 matrix product computes (the Linear
@@ -513,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--kinds", default="float32,dynamic,torch,amax,amax1,amax-f16")
+    p.add_argument("--kinds", default="float32,dynamic,torch,amax,amax-f16")
     p.add_argument(
         "--grads",
         choices=["mixed", "float16"],
@@ -587,8 +580,6 @@ def main(argv: list[str] | None = None) -> int:
             if v.global_batch_tokens is not None:
                 cfg = cfg._replace(global_batch_tokens=v.global_batch_tokens)
             for kind in stress_kinds:
-                if kind == "amax1" and v.init_scale is not None:
-                    continue  # the variant sets the first scale: the amax run itself
                 results[(v.name, seed, kind)] = one(cfg, kind, v)
 
     text = report(results, kinds, seeds, stress, stress_seeds, args.steps, args.sample_every)

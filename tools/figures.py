@@ -748,36 +748,6 @@ def block_transformer_summary() -> str:
     )
 
 
-def _stress_pairs(prefix: str) -> str:
-    """``accum8-mean` 0 against 3; ...`: the study's skips against dynamic_scaler's."""
-    d, _ = _study(prefix)
-    stress = sorted({r["variant"] for r in d["runs"]} - {"default"})
-    torch = "torch" in d["settings"]["kinds"]
-    return "; ".join(
-        f"`{v}` {fig(f'{prefix}.{v}.amax.skipped')} against {fig(f'{prefix}.{v}.dynamic.skipped')}"
-        + (f" (`GradScaler`: {fig(f'{prefix}.{v}.torch.skipped')})" if torch else "")
-        for v in stress
-    )
-
-
-def block_readme_amax() -> str:
-    return (
-        "- **A scaler that avoids overflow.** `amax_scaler()` sets the next power-of-two scale "
-        "from the step's largest gradient, measured in the same pass, so that it stays a fixed "
-        "headroom below float16's limit: the scale drops *before* an overflow instead of after "
-        "one.  On the transformer example at default settings it skipped "
-        f"{fig('amax.default.amax.skipped')} steps in its {fig('amax.default.seeds')} seeds "
-        f"(`dynamic_scaler`: {fig('amax.default.dynamic.skipped')}); under stress on the plain "
-        "per-batch mean loss, skipped steps against `dynamic_scaler`'s (torch's rule), per "
-        f"seed: {_stress_pairs('amax')}; on the all-float16 model, where every gradient is "
-        f"float16: {_stress_pairs('all16')} ([every run](docs/guide/amax-scaler-runs.md): "
-        "`GradScaler` is torch's own, on the torch twin, which under `accum8-mean` divides "
-        "each micro-batch loss by 8 before `backward`, torch's recipe).  "
-        "It is not torch's rule; its first step is `GradScaler`'s, at `2**16` "
-        "([guide](docs/guide/amax-scaler.md)).\n"
-    )
-
-
 def block_torch_twin() -> str:
     return (
         f'Against torch {fig("twin.torch")} (`GradScaler("cpu")`, '
@@ -807,7 +777,6 @@ def block_readme_commands() -> str:
 BLOCKS: dict[str, Callable[[], str]] = {
     "readme-commands": block_readme_commands,
     "torch-twin": block_torch_twin,
-    "readme-amax": block_readme_amax,
     "transformer-table": block_transformer_table,
     "transformer-summary": block_transformer_summary,
     "demo-summary": block_demo_summary,

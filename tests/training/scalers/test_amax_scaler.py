@@ -409,7 +409,7 @@ def test_study_script_runs(tmp_path):
         all16 = tmp_path / "all16"
         tiny = ["--steps", "4", "--seeds", "0", "--stress", "", "--layers", "1"]
         tiny += ["--sample-every", "2", "--out-dir", str(all16), "--grads", "float16"]
-        assert study.main([*tiny, "--kinds", "float32,amax,amax1"]) == 0
+        assert study.main([*tiny, "--kinds", "float32,amax,amax-f16"]) == 0
         with pytest.raises(SystemExit):
             study.main([*tiny, "--kinds", "float32,torch"])
     finally:
@@ -417,7 +417,7 @@ def test_study_script_runs(tmp_path):
     got = json.loads((all16 / "amax_study.json").read_text())
     assert got["settings"]["grads"] == "float16"
     assert {p.name for p in (all16 / "runs").iterdir()} == {
-        f"default_0_{k}_4_1_g16.npz" for k in ("amax", "amax1", "float32")
+        f"default_0_{k}_4_1_g16.npz" for k in ("amax", "amax-f16", "float32")
     }
     table = (tmp_path / "amax_study.md").read_text()
     assert "| amax | 0 |" in table and "| spike |" in table
