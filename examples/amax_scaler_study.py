@@ -130,8 +130,6 @@ def scaler_for(kind: str, v: Variant, cfg: lm.Config, params: Any = None) -> Any
     return jas.amax_scaler(micro_batches=v.accumulate, measure=measure, **start)
 
 
-
-
 # The leaves whose gradient a float16 matrix product computes (the Linear
 # layers); the LayerNorm, embedding and position leaves stay float32 in this
 # recipe, as under torch autocast, and cannot overflow float16.
