@@ -1,0 +1,109 @@
+"""The Ascend overflow flag, for a device in saturation mode.
+
+In saturation mode (the only mode of the Atlas training and inference
+series; a choice on A2/A3) a float16 overflow stores +-65504 and NaN stores
+0, so the gradients hold no inf/NaN and a check by value never fires.  The
+hardware records the overflow in a float status register instead, and the
+anchors read it: torch_npu's GradScaler clears it in ``scale()`` and reads it
+in ``unscale_`` (torch_npu npu/amp/grad_scaler.py); MindSpore's
+TrainOneStepWithLossScaleCell clears it tied to the loss by ``depend`` and
+reads it after the gradients (mindspore nn/wrap/loss_scale.py).
+
+Here, inside the jitted step, ordered by data (XLA orders nothing else):
+
+- `clear_before_backward`: the scale that `scale_loss` multiplies by passes
+  through the clear, which takes the loss as an operand: the clear runs after
+  the forward pass and before the backward (whose seed is the scale), the
+  place of torch_npu's ``scale()`` and of MindSpore's ``depend``;
+- `or_flag`: the gradient pass's found_inf passes through the read (it is
+  computed from every gradient, so the read runs after all of them), the
+  flag is ORed into it, and the result passes through a second clear.
+
+Where no CANN platform is being lowered, or its device is in INF_NAN mode,
+both are the identity and the program has no extra call.  The clear after
+the read runs every step, not only after a positive read as in torch_npu:
+clearing an unset flag changes nothing, and a conditional would need its
+predicate on the host (XLA's conditional reads it there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jax_amp_scale.mechanisms import cann_device, handlers
+from jax_amp_scale.mechanisms import custom_call as cc
+
+# aclrtGetOverflowStatus writes 64 bytes (ffi/cann_abi.h kOverflowStatusBytes).
+STATUS_BYTES = 64
+
+
+def saturation_platforms() -> frozenset[str]:
+    """The CANN platforms with the flag's handlers whose device saturates."""
+    have = handlers.platforms(handlers.FLOAT_STATUS_READ) & handlers.CANN_PLATFORMS
+    have = have & handlers.platforms(handlers.FLOAT_STATUS_CLEAR)
+    if not have:
+        return frozenset()
+    found = cann_device.device()
+    if found is None or not found.saturation:
+        return frozenset()
+    return have
+
+
+def _clear(x: jax.Array, *order: jax.Array) -> jax.Array:
+    """`x` handed on by the clear; `order` only orders the clear after them."""
+    call = jax.ffi.ffi_call(
+        handlers.target(handlers.FLOAT_STATUS_CLEAR),
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
+        input_output_aliases={0: 0},
+        has_side_effect=True,
+        vmap_method="sequential",
+    )
+    return call(x, *order)  # type: ignore[no-any-return]
+
+
+def _read(*order: jax.Array) -> jax.Array:
+    """True (bool scalar) when the device's flag is set."""
+    call = jax.ffi.ffi_call(
+        handlers.target(handlers.FLOAT_STATUS_READ),
+        jax.ShapeDtypeStruct((STATUS_BYTES,), jnp.uint8),
+        has_side_effect=True,
+        vmap_method="sequential",
+    )
+    return jnp.any(call(*order) != 0)
+
+
+def clear_before_backward(scale: jax.Array, loss: Any) -> jax.Array:
+    """`scale`, passed through the clear after `loss` is computed (the
+    scaled loss consumes it, so the backward follows the clear)."""
+    on = saturation_platforms()
+    if not on:
+        return scale
+    order = [jax.lax.stop_gradient(x) for x in jax.tree_util.tree_leaves(loss)]
+    order = [x for x in order if hasattr(x, "dtype")]
+
+    def native(s: jax.Array, *xs: jax.Array) -> jax.Array:
+        return _clear(s, *xs)
+
+    def other(s: jax.Array, *xs: jax.Array) -> jax.Array:
+        return s
+
+    return cc.per_platform(native, other, scale, *order, native_on=on)  # type: ignore[no-any-return]
+
+
+def or_flag(found: jax.Array) -> jax.Array:
+    """`found` (bool scalar, from every gradient) ORed with the device's
+    overflow flag, which is then cleared; `found` itself elsewhere."""
+    on = saturation_platforms()
+    if not on:
+        return found
+
+    def native(f: jax.Array) -> jax.Array:
+        return _clear(jnp.logical_or(f, _read(f)))
+
+    def other(f: jax.Array) -> jax.Array:
+        return f
+
+    return cc.per_platform(native, other, found, native_on=on)  # type: ignore[no-any-return]
