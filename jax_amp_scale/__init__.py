@@ -39,6 +39,7 @@ from jax_amp_scale.training.scaling import (
     unscale_and_check,
     value_and_grad,
 )
+from jax_amp_scale.training.saturation import saturated_as_overflow
 from jax_amp_scale.training.watch import watch_amax, watch_probes
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "no_op_scaler",
     "nonfinite_leaves",
     "nonfinite_paths",
+    "saturated_as_overflow",
     "scale_loss",
     "static_scaler",
     "unscale",
