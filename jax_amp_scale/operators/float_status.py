@@ -61,7 +61,7 @@ def _clear(x: jax.Array, *order: jax.Array) -> jax.Array:
         has_side_effect=True,
         vmap_method="sequential",
     )
-    return call(x, *order)  # type: ignore[no-any-return]
+    return cc.vary_like(call(x, *order), x, order)  # type: ignore[no-any-return]
 
 
 def _read(*order: jax.Array) -> jax.Array:
@@ -72,7 +72,7 @@ def _read(*order: jax.Array) -> jax.Array:
         has_side_effect=True,
         vmap_method="sequential",
     )
-    return jnp.any(call(*order) != 0)
+    return jnp.any(cc.vary_like(call(*order), order) != 0)
 
 
 def clear_before_backward(scale: jax.Array, loss: Any) -> jax.Array:
