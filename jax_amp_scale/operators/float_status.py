@@ -32,6 +32,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_amp_scale.mechanisms import cann_device, handlers
 from jax_amp_scale.mechanisms import custom_call as cc
@@ -52,13 +54,18 @@ def saturation_platforms() -> frozenset[str]:
     return have
 
 
+# Neither call is marked side-effecting: their results are consumed (so XLA
+# keeps them), their operands differ within a step (so it merges none), and
+# XLA's SPMD partitioner refuses a side-effecting call with a replicated
+# sharding, which is what each device running its own clear is.
+
+
 def _clear(x: jax.Array, *order: jax.Array) -> jax.Array:
     """`x` handed on by the clear; `order` only orders the clear after them."""
     call = jax.ffi.ffi_call(
         handlers.target(handlers.FLOAT_STATUS_CLEAR),
         jax.ShapeDtypeStruct(x.shape, x.dtype),
         input_output_aliases={0: 0},
-        has_side_effect=True,
         vmap_method="sequential",
     )
     return cc.vary_like(call(x, *order), x, order)  # type: ignore[no-any-return]
@@ -69,10 +76,43 @@ def _read(*order: jax.Array) -> jax.Array:
     call = jax.ffi.ffi_call(
         handlers.target(handlers.FLOAT_STATUS_READ),
         jax.ShapeDtypeStruct((STATUS_BYTES,), jnp.uint8),
-        has_side_effect=True,
         vmap_method="sequential",
     )
     return jnp.any(cc.vary_like(call(*order), order) != 0)
+
+
+def _read_everywhere(found: jax.Array) -> jax.Array:
+    """`_read`, ORed over every device of the mesh under ``jit`` with several
+    devices: each device reads its own register (the flag is per device),
+    and XLA, which cannot see inside the call, would otherwise take the
+    per-device answers for one replicated value (replicas would diverge).
+    Inside ``shard_map`` the call is inlined: each device's own flag, which
+    ``axis_name`` reduces with found_inf."""
+    if cc.unwrapped():
+        return _read(found)
+
+    @custom_partitioning
+    def call(f: jax.Array) -> jax.Array:
+        return _read(f)
+
+    def partition(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
+        rep = NamedSharding(mesh, PartitionSpec())
+        axes = tuple(mesh.axis_names)
+
+        def local(f: jax.Array) -> jax.Array:
+            with cc.local_shapes():
+                flag = _read(f)
+                if axes:  # one scalar all-reduce: the OR over every device
+                    flag = jax.lax.pmax(flag.astype(jnp.int32), axes) > 0
+            return flag
+
+        return mesh, local, rep, (rep,)
+
+    def infer(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
+        return NamedSharding(mesh, PartitionSpec())
+
+    call.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=" -> ")
+    return call(found)  # type: ignore[no-any-return]
 
 
 def clear_before_backward(scale: jax.Array, loss: Any) -> jax.Array:
@@ -101,7 +141,7 @@ def or_flag(found: jax.Array) -> jax.Array:
         return found
 
     def native(f: jax.Array) -> jax.Array:
-        return _clear(jnp.logical_or(f, _read(f)))
+        return _clear(jnp.logical_or(f, _read_everywhere(f)))
 
     def other(f: jax.Array) -> jax.Array:
         return f

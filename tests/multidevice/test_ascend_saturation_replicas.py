@@ -93,3 +93,23 @@ def test_every_replica_skips_when_one_device_saturated(double, monkeypatch):
     raised = {e["device"] for e in log if e["ev"] == "flag_raise"}
     assert raised == set(OVERFLOWS.values())
     assert [double.float_status(d) for d in range(N)] == [0] * N
+
+
+def test_under_jit_every_device_sees_the_or_of_the_flags(double, monkeypatch):
+    # jit over eight devices, no shard_map: each device reads its own
+    # register, and the result XLA takes for replicated must be the OR.
+    from jax.sharding import NamedSharding
+
+    from jax_amp_scale.operators import float_status
+
+    control.use(monkeypatch, double, "full", soc="Ascend910B2", mode="saturation")
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:N]), ("r",))
+    rep = NamedSharding(mesh, P())
+    found = jax.device_put(jnp.array(False), rep)
+    with ascend_harness.ascend_on_cpu():
+        read = jax.jit(float_status.or_flag, out_shardings=rep)
+        double.raise_float_status(5)
+        flags = [bool(s.data) for s in read(found).addressable_shards]
+        assert flags == [True] * N
+        assert [double.float_status(d) for d in range(N)] == [0] * N  # cleared after the read
+        assert [bool(s.data) for s in read(found).addressable_shards] == [False] * N
