@@ -20,6 +20,7 @@ from jax_amp_scale.operators.update_scale import (
 )
 from jax_amp_scale.policy import Policy, get_policy
 from jax_amp_scale.training.amax_scaler import AmaxScaler, amax_scaler
+from jax_amp_scale.training.saturation import saturated_as_overflow
 from jax_amp_scale.training.scalers import (
     DynamicScaler,
     NoOpScaler,
@@ -39,7 +40,6 @@ from jax_amp_scale.training.scaling import (
     unscale_and_check,
     value_and_grad,
 )
-from jax_amp_scale.training.saturation import saturated_as_overflow
 from jax_amp_scale.training.watch import watch_amax, watch_probes
 
 __all__ = [

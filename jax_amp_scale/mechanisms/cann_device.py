@@ -29,7 +29,14 @@ PRODUCT_LINES: dict[str, frozenset[str]] = {
         {"Ascend910A", "Ascend910B", "Ascend910ProA", "Ascend910ProB", "Ascend910PremiumA"}
     ),
     "Atlas A2": frozenset(
-        {"Ascend910B1", "Ascend910B2", "Ascend910B2C", "Ascend910B3", "Ascend910B4", "Ascend910B4-1"}
+        {
+            "Ascend910B1",
+            "Ascend910B2",
+            "Ascend910B2C",
+            "Ascend910B3",
+            "Ascend910B4",
+            "Ascend910B4-1",
+        }
     ),
     "Atlas A3": frozenset(
         {

@@ -452,14 +452,14 @@ def register_plugin(
         flag_targets = module_targets(ascend)
         with _lock:
             TARGETS.update({op: flag_targets[op] for op in FLOAT_STATUS})
-        for op in (UNSCALE_AND_CHECK, *FLOAT_STATUS):
+        for each in (UNSCALE_AND_CHECK, *FLOAT_STATUS):
             _register_one(
                 platform,
                 api,
                 reg_platform,
-                default_handler(platform, op),
-                targets.get(op) or flag_targets[op],
-                op,
+                default_handler(platform, each),
+                targets.get(each) or flag_targets[each],
+                each,
             )
     target = targets[UPDATE_SCALE] if target is None else str(target)
     op = {v: k for k, v in targets.items()}.get(target)

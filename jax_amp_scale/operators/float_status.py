@@ -111,7 +111,9 @@ def _read_everywhere(found: jax.Array) -> jax.Array:
     def infer(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
         return NamedSharding(mesh, PartitionSpec())
 
-    call.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=" -> ")
+    call.def_partition(
+        partition=partition, infer_sharding_from_operands=infer, sharding_rule=" -> "
+    )
     return call(found)  # type: ignore[no-any-return]
 
 

@@ -56,7 +56,9 @@ def test_every_replica_skips_when_one_device_saturated(double, monkeypatch):
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:N]), ("r",))
 
     def body(params, state, x):
-        loss = lambda p: jas.scale_loss(jnp.sum(p["w"] * x[0]).astype(jnp.float32), state)
+        def loss(p):
+            return jas.scale_loss(jnp.sum(p["w"] * x[0]).astype(jnp.float32), state)
+
         grads = ascend_harness.saturate(jax.grad(loss)(params))
         updates, state = tx.update(grads, state, params)
         params = optax.apply_updates(params, updates)

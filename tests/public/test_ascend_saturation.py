@@ -132,13 +132,13 @@ def test_the_double_refuses_the_operators_on_a_training_series_soc(double, monke
     # What "auto" avoids: CANN's operator on a SoC it does not support.
     _use(monkeypatch, double, "Ascend910A")
     s, t = jnp.ones((1,), jnp.float32), jnp.zeros((1,), jnp.int32)
-    with pytest.raises(Exception, match="561003.*not supported on SoC Ascend910A"):
+    with pytest.raises(Exception, match=r"561003.*not supported on SoC Ascend910A"):
         jax.block_until_ready(
             ascend_harness.update_scale(
                 s, t, False, growth_factor=2.0, backoff_factor=0.5, growth_interval=10
             )
         )
-    with pytest.raises(Exception, match=f"561003.*{FUSED} is not supported on SoC Ascend910A"):
+    with pytest.raises(Exception, match=rf"561003.*{FUSED} is not supported on SoC Ascend910A"):
         jax.block_until_ready(
             ascend_harness.unscale_and_check(jnp.float32(1.0), [jnp.ones(4, jnp.float16)])
         )
@@ -242,7 +242,9 @@ def _ours(nan_step, *, fallback=False):
 
     @jax.jit
     def step(params, opt_state, x, m):
-        loss = lambda p: jas.scale_loss(jnp.sum(p["w"] * (x * m)).astype(jnp.float32), opt_state)
+        def loss(p):
+            return jas.scale_loss(jnp.sum(p["w"] * (x * m)).astype(jnp.float32), opt_state)
+
         grads = ascend_harness.saturate(jax.grad(loss)(params))
         if fallback:
             grads = jas.saturated_as_overflow(grads)
@@ -295,7 +297,11 @@ def test_with_the_flag_ignored_the_saturated_steps_are_applied(double, monkeypat
     _use(monkeypatch, double, "Ascend910B2", "inf_nan")
     oracle = _oracle(nan_step)
     ours = _ours(nan_step)
-    applied = [i for i, (o, t) in enumerate(zip(ours, oracle)) if t["skipped"] and not o["skipped"]]
+    applied = [
+        i
+        for i, (o, t) in enumerate(zip(ours, oracle, strict=True))
+        if t["skipped"] and not o["skipped"]
+    ]
     assert INF_STEP in applied and nan_step in applied
     assert not any(o["skipped"] for o in ours)  # every saturated step applied
     assert ours[-1]["scale"] > 2.0**16  # the scale kept growing past float16's limit
@@ -306,7 +312,9 @@ def test_the_value_fallback_misses_the_nan_that_became_zero(double, monkeypatch,
     _use(monkeypatch, double, "Ascend910B2", "inf_nan")
     oracle = _oracle(nan_step)
     ours = _ours(nan_step, fallback=True)
-    differ = [i for i, (o, t) in enumerate(zip(ours, oracle)) if o["skipped"] != t["skipped"]]
+    differ = [
+        i for i, (o, t) in enumerate(zip(ours, oracle, strict=True)) if o["skipped"] != t["skipped"]
+    ]
     assert differ[0] == nan_step and not ours[nan_step]["skipped"]
 
 
