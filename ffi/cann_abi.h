@@ -94,9 +94,9 @@ using aclrtMallocFn = aclError (*)(void** dev_ptr, size_t size,
 using aclrtFreeFn = aclError (*)(void* dev_ptr);
 using aclGetRecentErrMsgFn = const char* (*)();
 
-// The device and its overflow mode (acl/acl_rt.h, hicann/runtime
-// docs/03_api_ref/25-02_Enumerations.md and 04_Device管理.md): the SoC name
-// (NULL on failure) and the current device's float overflow mode.  In
+// The device and its overflow mode (acl/acl_rt.h;
+// hicann/runtime/docs/03_api_ref/25-02_Enumerations.md and 04_Device管理.md):
+// the SoC name (NULL on failure) and the current device's float overflow mode.  In
 // SATURATION mode a float16 overflow stores +-65504 and NaN stores 0, so a
 // check by value never fires; the hardware flags the overflow instead.
 enum aclrtFloatOverflowMode : int32_t {

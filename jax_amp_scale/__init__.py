@@ -20,7 +20,6 @@ from jax_amp_scale.operators.update_scale import (
 )
 from jax_amp_scale.policy import Policy, get_policy
 from jax_amp_scale.training.amax_scaler import AmaxScaler, amax_scaler
-from jax_amp_scale.training.saturation import saturated_as_overflow
 from jax_amp_scale.training.scalers import (
     DynamicScaler,
     NoOpScaler,
@@ -64,7 +63,6 @@ __all__ = [
     "no_op_scaler",
     "nonfinite_leaves",
     "nonfinite_paths",
-    "saturated_as_overflow",
     "scale_loss",
     "static_scaler",
     "unscale",

@@ -9,7 +9,7 @@ ascend-saturation.md, sections 2 and 5.
 SoC names are matched exactly, never by prefix: ``"Ascend910B"`` (no digit)
 is a first-generation 910 (Atlas training series), while ``"Ascend910B1"``
 to ``"Ascend910B4-1"`` are Atlas A2 (torch_npu csrc/core/npu/
-NpuVariables.cpp; MindSpore plugin/ascend/ascend_device_context.cc).
+NpuVariables.cpp; MindSpore mindspore-ai/mindspore/plugin/ascend/ascend_device_context.cc).
 """
 
 from __future__ import annotations
