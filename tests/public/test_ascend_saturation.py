@@ -12,6 +12,10 @@ mode, emulated from its source's logic (tests/_torch_npu_saturation.py).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import warnings
 
 import jax
@@ -72,6 +76,31 @@ def _step(tx, saturating):
         return optax.apply_updates(params, updates), opt_state
 
     return jax.jit(step)
+
+
+@pytest.mark.parametrize(
+    ("soc", "mode", "reported"),
+    [
+        ("Ascend910B", "inf_nan", "saturation"),  # a 910 has no other mode
+        ("Ascend910B2", "saturation", "saturation"),
+        ("Ascend950PR", "saturation", "inf_nan"),  # a 950 has no other mode
+    ],
+)
+def test_plugin_load_cann_reports_the_soc_and_the_overflow_mode(
+    double, monkeypatch, soc, mode, reported
+):
+    # The public call, on the installed module's own loader: a fresh process.
+    _use(monkeypatch, double, soc, mode)
+    code = "import json; from jax_amp_scale import plugin; print(json.dumps(plugin.load_cann()))"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ),
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (got["soc"], got["overflow_mode"]) == (soc, reported)
 
 
 @pytest.mark.parametrize(("soc", "mode", "ops", "flag", "warned"), MATRIX, ids=IDS)
