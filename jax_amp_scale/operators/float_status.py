@@ -15,9 +15,10 @@ Here, inside the jitted step, ordered by data (XLA orders nothing else):
   through the clear, which takes the loss as an operand: the clear runs after
   the forward pass and before the backward (whose seed is the scale), the
   place of torch_npu's ``scale()`` and of MindSpore's ``depend``;
-- `or_flag`: the gradient pass's found_inf passes through the read (it is
-  computed from every gradient, so the read runs after all of them), the
-  flag is ORed into it, and the result passes through a second clear.
+- `or_flag`: the read takes the gradient pass's found_inf and the gradients
+  it produced as operands (so it runs after all of them, as MindSpore's
+  ``depend`` orders its read after the gradients), the flag is ORed into
+  found_inf, and the result passes through a second clear.
 
 Where no CANN platform is being lowered, or its device is in INF_NAN mode,
 both are the identity and the program has no extra call.  The clear after
@@ -81,40 +82,59 @@ def _read(*order: jax.Array) -> jax.Array:
     return jnp.any(cc.vary_like(call(*order), order) != 0)
 
 
-def _read_everywhere(found: jax.Array) -> jax.Array:
-    """`_read`, ORed over every device of the mesh under ``jit`` with several
-    devices: each device reads its own register (the flag is per device),
-    and XLA, which cannot see inside the call, would otherwise take the
-    per-device answers for one replicated value (replicas would diverge).
-    Inside ``shard_map`` the call is inlined: each device's own flag, which
-    ``axis_name`` reduces with found_inf."""
+def _read_rule(ranks: list[int]) -> str:
+    """The Shardy rule of the read: a replicated flag, then each gradient
+    with dimensions of its own (any may stay sharded) -> a replicated flag."""
+    grads = [" ".join(f"g{k}d{d}" for d in range(r)) for k, r in enumerate(ranks)]
+    return ", ".join(["", *grads]) + " -> "
+
+
+def _read_everywhere(found: jax.Array, grads: list[jax.Array]) -> jax.Array:
+    """`_read` after `found` and `grads`, ORed over every device of the mesh
+    under ``jit`` with several devices: each device reads its own register
+    (the flag is per device), and XLA, which cannot see inside the call,
+    would otherwise take the per-device answers for one replicated value
+    (replicas would diverge).  Each device takes its own shards of `grads`
+    (nothing is gathered: they only order the read).  Inside ``shard_map``
+    the call is inlined: each device's own flag, which ``axis_name`` reduces
+    with found_inf."""
     if cc.unwrapped():
-        return _read(found)
+        return _read(found, *grads)
 
     @custom_partitioning
-    def call(f: jax.Array) -> jax.Array:
-        return _read(f)
+    def call(f: jax.Array, *gs: jax.Array) -> jax.Array:
+        return _read(f, *gs)
+
+    def shardings(mesh: Any, arg_shapes: Any) -> tuple[Any, list[Any], tuple[Any, ...]]:
+        own = [cc.operand_sharding(mesh, a) for a in arg_shapes[1:]]
+        if not all(isinstance(s, NamedSharding) for s in own):
+            # No mesh axis names to reduce over: replicated (correct, gathers);
+            # raising here would abort the process inside XLA's compiler.
+            rep = cc.replicated_like(own[0])
+            return rep, [rep] * len(own), ()
+        return NamedSharding(mesh, PartitionSpec()), own, tuple(mesh.axis_names)
 
     def partition(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
-        rep = NamedSharding(mesh, PartitionSpec())
-        axes = tuple(mesh.axis_names)
+        rep, own, axes = shardings(mesh, arg_shapes)
 
-        def local(f: jax.Array) -> jax.Array:
+        def local(f: jax.Array, *gs: jax.Array) -> jax.Array:
             with cc.local_shapes():
-                flag = _read(f)
+                flag = _read(f, *gs)
                 if axes:  # one scalar all-reduce: the OR over every device
                     flag = jax.lax.pmax(flag.astype(jnp.int32), axes) > 0
             return flag
 
-        return mesh, local, rep, (rep,)
+        return mesh, local, rep, (rep, *own)
 
     def infer(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
-        return NamedSharding(mesh, PartitionSpec())
+        return shardings(mesh, arg_shapes)[0]
 
     call.def_partition(
-        partition=partition, infer_sharding_from_operands=infer, sharding_rule=" -> "
+        partition=partition,
+        infer_sharding_from_operands=infer,
+        sharding_rule=_read_rule([g.ndim for g in grads]),
     )
-    return call(found)  # type: ignore[no-any-return]
+    return call(found, *grads)  # type: ignore[no-any-return]
 
 
 def clear_before_backward(scale: jax.Array, loss: Any) -> jax.Array:
@@ -135,17 +155,18 @@ def clear_before_backward(scale: jax.Array, loss: Any) -> jax.Array:
     return cc.per_platform(native, other, scale, *order, native_on=on)  # type: ignore[no-any-return]
 
 
-def or_flag(found: jax.Array) -> jax.Array:
-    """`found` (bool scalar, from every gradient) ORed with the device's
-    overflow flag, which is then cleared; `found` itself elsewhere."""
+def or_flag(found: jax.Array, grads: list[jax.Array]) -> jax.Array:
+    """`found` (bool scalar) ORed with the device's overflow flag, read after
+    `found` and `grads` (the read takes them as operands: MindSpore's
+    ``depend``), then cleared; `found` itself elsewhere."""
     on = saturation_platforms()
     if not on:
         return found
 
-    def native(f: jax.Array) -> jax.Array:
-        return _clear(jnp.logical_or(f, _read_everywhere(f)))
+    def native(f: jax.Array, *gs: jax.Array) -> jax.Array:
+        return _clear(jnp.logical_or(f, _read_everywhere(f, list(gs))))
 
-    def other(f: jax.Array) -> jax.Array:
+    def other(f: jax.Array, *gs: jax.Array) -> jax.Array:
         return f
 
-    return cc.per_platform(native, other, found, native_on=on)  # type: ignore[no-any-return]
+    return cc.per_platform(native, other, found, *grads, native_on=on)  # type: ignore[no-any-return]

@@ -10,6 +10,8 @@ OR-reduced over the axis with found_inf.  Oracle: torch_npu's saturation-mode
 GradScaler with the overflow count all-reduced (tests/_torch_npu_saturation.py).
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -97,9 +99,10 @@ def test_every_replica_skips_when_one_device_saturated(double, monkeypatch):
     assert [double.float_status(d) for d in range(N)] == [0] * N
 
 
-def test_under_jit_every_device_sees_the_or_of_the_flags(double, monkeypatch):
+def test_under_jit_every_device_sees_the_or_of_the_flags(double, monkeypatch, partitioner):
     # jit over eight devices, no shard_map: each device reads its own
-    # register, and the result XLA takes for replicated must be the OR.
+    # register, and the result XLA takes for replicated must be the OR; the
+    # read takes the sharded gradients as operands without gathering them.
     from jax.sharding import NamedSharding
 
     from jax_amp_scale.operators import float_status
@@ -108,10 +111,14 @@ def test_under_jit_every_device_sees_the_or_of_the_flags(double, monkeypatch):
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:N]), ("r",))
     rep = NamedSharding(mesh, P())
     found = jax.device_put(jnp.array(False), rep)
+    grads = [jax.device_put(jnp.ones((16, 4), jnp.float16), NamedSharding(mesh, P("r")))]
     with ascend_harness.ascend_on_cpu():
         read = jax.jit(float_status.or_flag, out_shardings=rep)
+        hlo = read.lower(found, grads).compile().as_text()
         double.raise_float_status(5)
-        flags = [bool(s.data) for s in read(found).addressable_shards]
+        flags = [bool(s.data) for s in read(found, grads).addressable_shards]
         assert flags == [True] * N
         assert [double.float_status(d) for d in range(N)] == [0] * N  # cleared after the read
-        assert [bool(s.data) for s in read(found).addressable_shards] == [False] * N
+        assert [bool(s.data) for s in read(found, grads).addressable_shards] == [False] * N
+    assert "all-gather" not in hlo
+    assert len(re.findall(r" all-reduce(?:-start)?\(", hlo)) == 1
