@@ -15,6 +15,7 @@ NpuVariables.cpp; MindSpore mindspore-ai/mindspore/plugin/ascend/ascend_device_c
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 import warnings
 from typing import NamedTuple
@@ -101,11 +102,23 @@ class Device(NamedTuple):
 
     @property
     def saturation(self) -> bool:
-        """Whether overflow saturates: the mode reported, or, where CANN could
-        not report it, a product that has no other mode."""
+        """Whether overflow saturates: the mode reported; where CANN could not
+        report it (no aclrtGetDeviceSatMode, or no current device on the
+        loading thread), the product's only mode, else the variable torch_npu
+        reads: ``INF_NAN_MODE_ENABLE=0`` (default 1), which an A2/A3 honours
+        only with ``INF_NAN_MODE_FORCE_DISABLE=1`` (torch_npu
+        csrc/core/npu/NpuVariables.cpp, register/OptionsManager.cpp)."""
         if self.overflow_mode in (SATURATION, INF_NAN):
             return self.overflow_mode == SATURATION
-        return product_line(self.soc) in SATURATION_ONLY
+        line = product_line(self.soc)
+        if line in SATURATION_ONLY:
+            return True
+        if line == ASCEND_950:
+            return False
+        if os.environ.get("INF_NAN_MODE_ENABLE", "1").strip() != "0":
+            return False
+        forced = os.environ.get("INF_NAN_MODE_FORCE_DISABLE", "").strip() == "1"
+        return forced or line not in ("Atlas A2", "Atlas A3")
 
 
 _lock = threading.Lock()

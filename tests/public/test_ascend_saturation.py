@@ -356,3 +356,31 @@ def test_the_value_fallback_counts_a_genuine_65504():
     _, found = jas.unscale_and_check(grads, 1.0)
     _, found_fallback = jas.unscale_and_check(out, 1.0)
     assert not bool(found) and bool(found_fallback)
+
+
+@pytest.mark.parametrize(
+    ("soc", "mode", "env", "saturates"),
+    [
+        ("Ascend910B2", "saturation", {}, True),  # reported: the report decides
+        ("Ascend910B2", "inf_nan", {"INF_NAN_MODE_ENABLE": "0"}, False),
+        ("Ascend910A", "unknown", {}, True),  # not reported: the 910 has one mode
+        ("Ascend310P3", "unknown", {}, True),
+        ("Ascend950PR", "unknown", {"INF_NAN_MODE_ENABLE": "0"}, False),
+        ("Ascend910B2", "unknown", {}, False),  # the A2's default
+        ("Ascend910B2", "unknown", {"INF_NAN_MODE_ENABLE": "0"}, False),  # not forced
+        (
+            "Ascend910B2",
+            "unknown",
+            {"INF_NAN_MODE_ENABLE": "0", "INF_NAN_MODE_FORCE_DISABLE": "1"},
+            True,
+        ),
+    ],
+)
+def test_the_mode_when_cann_cannot_report_it(monkeypatch, soc, mode, env, saturates):
+    from jax_amp_scale.mechanisms import cann_device
+
+    for var in ("INF_NAN_MODE_ENABLE", "INF_NAN_MODE_FORCE_DISABLE"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    assert cann_device.Device(soc, mode).saturation is saturates
