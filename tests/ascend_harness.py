@@ -10,7 +10,8 @@ The module has its own CANN loader state and workspace cache: `testing()`'s
 
 `ascend_on_cpu` runs the package's whole Ascend path on CPU (the public
 functions, the dispatch decisions, the guard, the fused pass's calling
-convention, every CANN call) against the double.
+convention, the SoC's operators and the overflow flag, every CANN call)
+against the double; `saturate` plays a saturation-mode backward.
 """
 
 from __future__ import annotations

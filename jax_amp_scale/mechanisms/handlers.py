@@ -17,7 +17,9 @@ The backend choice: ``"reference"`` is the pure-JAX lowering (every
 platform); ``"ffi"`` the native custom call (a lowering-time error where the
 platform has no handler); ``"auto"`` the native call where `AUTO_NATIVE`
 prefers it and a handler is registered, the reference elsewhere, per
-lowering platform.
+lowering platform.  On Ascend the SoC CANN reports decides too
+(`cann_device`): an operator the SoC lacks is the reference under "auto"
+(one warning) and an error under "ffi".
 
 Without the compiled modules (an install whose ``_native_cpu`` does not load,
 or ``JAX_AMP_SCALE_DISABLE_NATIVE=1``) the package still imports and works:

@@ -5,8 +5,12 @@
 // JasUpdateScaleAscendTest binds the production checks and dispatch
 // (handler_common.h, ffi/ascend.h) on CPU with a null stream: pointed at the
 // CANN test double (tests/cann_double) it runs under jax.jit without an NPU.
-// The other functions reach this module's own CANN loader and workspace
-// cache (each extension has its own copy of that state).
+// The float status bindings (ffi/ascend_float_status.h) do the same for the
+// overflow flag, after setting the double's current device to the call's
+// (the plugin's context on an NPU); the saturate binding plays a
+// saturation-mode float16 backward for the tests.  The other functions reach
+// this module's own CANN loader and workspace cache (each extension has its
+// own copy of that state).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
