@@ -384,3 +384,45 @@ def test_the_mode_when_cann_cannot_report_it(monkeypatch, soc, mode, env, satura
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     assert cann_device.Device(soc, mode).saturation is saturates
+
+
+@jax.custom_vjp
+def _saturating(w):
+    """An identity whose backward saturates its cotangent, as the NPU would."""
+    return w
+
+
+_saturating.defvjp(lambda w: (w, None), lambda _, ct: (ascend_harness.saturate(ct),))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: jas.dynamic_scaler(2.0**8),
+        lambda: jas.amax_scaler(init_scale=2.0**8),  # its own pass, with the amax
+        lambda: jas.static_scaler(2.0**8),
+    ],
+    ids=["dynamic", "amax", "static"],
+)
+def test_every_scaler_sees_the_flag_through_the_trainer(double, monkeypatch, make):
+    # The backward itself saturates (inside jax.grad), and Trainer's step
+    # skips it: the scalers see the OR of the flag and the value check.
+    _use(monkeypatch, double, "Ascend910A")
+    trainer = jas.Trainer(optax.sgd(2.0**-8), make())
+
+    def loss_fn(p, x):
+        return jnp.sum(_saturating(p["w"]) * x).astype(jnp.float32)
+
+    params = {"w": jnp.ones((8,), jnp.float16)}
+    x = jnp.full((8,), 0.5, jnp.float16)
+    with ascend_harness.ascend_on_cpu(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "auto" on a 910: the reference
+        step = jax.jit(lambda p, s, x: trainer.step(p, s, x, loss_fn))
+        state = trainer.init(params)
+        p1, s1, m1 = step(params, state, x)
+        p2, s2, m2 = step(p1, s1, x.at[3].set(jnp.inf))
+        jax.block_until_ready((p2, s2))
+    assert not bool(m1["skipped"]) and bool(m2["skipped"])
+    assert np.all(np.asarray(p1["w"]) < 1)  # the first step was applied
+    np.testing.assert_array_equal(np.asarray(p2["w"]), np.asarray(p1["w"]))
+    assert [e["ev"] for e in double.log() if e["ev"] == "flag_raise"] == ["flag_raise"]
