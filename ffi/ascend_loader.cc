@@ -205,6 +205,32 @@ std::string LoadFusedPass(LoadedCann* out, const char* override_path) {
   return "";
 }
 
+// The optional runtime functions (the SoC, the overflow mode and flag), from
+// the libascendcl.so the descriptors came from; then the SoC and the mode,
+// once: the dispatch decides from them at trace time.
+void LearnDevice(LoadedCann* out) {
+  cann::CannApi& api = out->api;
+  // Already loaded (RTLD_NOLOAD would do too); never closed, as every handle.
+  void* rt = dlopen(out->ascendcl_path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (rt != nullptr) {
+    *Slot(&api.get_soc_name) = dlsym(rt, "aclrtGetSocName");
+    *Slot(&api.get_sat_mode) = dlsym(rt, "aclrtGetDeviceSatMode");
+    *Slot(&api.get_overflow_status) = dlsym(rt, "aclrtGetOverflowStatus");
+    *Slot(&api.reset_overflow_status) = dlsym(rt, "aclrtResetOverflowStatus");
+  }
+  const char* soc = api.get_soc_name != nullptr ? api.get_soc_name() : nullptr;
+  out->soc = soc != nullptr ? soc : "";
+  out->overflow_mode = "unknown";
+  cann::aclrtFloatOverflowMode mode = cann::ACL_RT_OVERFLOW_MODE_UNDEF;
+  if (api.get_sat_mode != nullptr && api.get_sat_mode(&mode) == 0) {
+    switch (mode) {
+      case cann::ACL_RT_OVERFLOW_MODE_SATURATION: out->overflow_mode = "saturation"; break;
+      case cann::ACL_RT_OVERFLOW_MODE_INFNAN: out->overflow_mode = "inf_nan"; break;
+      default: out->overflow_mode = "undef"; break;
+    }
+  }
+}
+
 bool Load(LoadedCann* out, std::string* error) {
   cann::CannApi& api = out->api;
   std::string tried;
@@ -253,6 +279,7 @@ bool Load(LoadedCann* out, std::string* error) {
   *Slot(&api.uninit_huge_mem) = dlsym(op, "UnInitHugeMemThreadLocal");
   *Slot(&api.release_huge_mem) = dlsym(op, "ReleaseHugeMem");
   out->foreach_error = LoadFusedPass(out, override_path);
+  LearnDevice(out);
   return true;
 }
 

@@ -33,6 +33,11 @@ struct LoadedCann {
   std::string ascendcl_path;
   std::string opapi_nn_path;  // the fused-pass operator's library, or ""
   std::string foreach_error;  // why the fused pass is unavailable, or ""
+  // Learnt at load: aclrtGetSocName() ("" when CANN lacks it or it fails)
+  // and the current device's aclrtGetDeviceSatMode(): "saturation",
+  // "inf_nan", "undef", or "unknown" (CANN lacks it, or it failed).
+  std::string soc;
+  std::string overflow_mode;
 };
 
 // The loaded table, loading it on first use.  Returns nullptr and sets

@@ -17,11 +17,17 @@
 
 extern "C" XLA_FFI_Error* JasUpdateScaleAscend(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* JasUnscaleAndCheckAscend(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* JasFloatStatusClearAscend(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* JasFloatStatusReadAscend(XLA_FFI_CallFrame*);
 
 NB_MODULE(_native_ascend, m) {
   jas::DefineCapsuleModule(m, "jax_amp_scale Ascend (aclnnAmpUpdateScale) XLA FFI handlers.",
                            {{jas::kUpdateScaleTarget, &JasUpdateScaleAscend},
-                            {jas::kUnscaleAndCheckTarget, &JasUnscaleAndCheckAscend}});
+                            {jas::kUnscaleAndCheckTarget, &JasUnscaleAndCheckAscend},
+                            {jas::kFloatStatusClearTarget, &JasFloatStatusClearAscend},
+                            {jas::kFloatStatusReadTarget, &JasFloatStatusReadAscend}});
+  m.attr("FLOAT_STATUS_CLEAR_TARGET") = jas::kFloatStatusClearTarget;
+  m.attr("FLOAT_STATUS_READ_TARGET") = jas::kFloatStatusReadTarget;
   m.def("load_cann", []() {
     std::string err;
     const jas::LoadedCann* c = jas::GetCann(&err);
@@ -32,6 +38,8 @@ NB_MODULE(_native_ascend, m) {
     d["ascendcl"] = c->ascendcl_path;
     d["opapi_nn"] = c->opapi_nn_path;
     d["fused_pass_error"] = c->foreach_error;
+    d["soc"] = c->soc;
+    d["overflow_mode"] = c->overflow_mode;
     return d;
   });
 }

@@ -1,5 +1,6 @@
 // The part of the CANN C ABI that the Ascend handler relies on, declared
 // here from the documented headers (acl/acl_base.h, acl/acl_rt.h,
+// acl/acl_base_rt.h,
 // aclnn/acl_meta.h, aclnnop/aclnn_amp_update_scale.h) so that building and
 // importing jax_amp_scale needs no CANN installation: the libraries are
 // dlopen'ed at run time (ascend_loader.cc) and called through CannApi.
@@ -93,6 +94,28 @@ using aclrtMallocFn = aclError (*)(void** dev_ptr, size_t size,
 using aclrtFreeFn = aclError (*)(void* dev_ptr);
 using aclGetRecentErrMsgFn = const char* (*)();
 
+// The device and its overflow mode (acl/acl_rt.h;
+// hicann/runtime/docs/03_api_ref/25-02_Enumerations.md and 04_Device管理.md):
+// the SoC name (NULL on failure) and the current device's float overflow mode.  In
+// SATURATION mode a float16 overflow stores +-65504 and NaN stores 0, so a
+// check by value never fires; the hardware flags the overflow instead.
+enum aclrtFloatOverflowMode : int32_t {
+  ACL_RT_OVERFLOW_MODE_SATURATION = 0,
+  ACL_RT_OVERFLOW_MODE_INFNAN = 1,
+  ACL_RT_OVERFLOW_MODE_UNDEF = 2,
+};
+using aclrtGetSocNameFn = const char* (*)();
+using aclrtGetDeviceSatModeFn = aclError (*)(aclrtFloatOverflowMode* mode);
+// The overflow flag through the runtime (acl/acl_rt.h; hiascend
+// canncommercial runtimeapi aclcppdevg_03_0054): both are asynchronous on
+// `stream`; Get writes the device's status (64 bytes) to device memory,
+// Reset clears it.  They cover every stream of the current device.
+using aclrtGetOverflowStatusFn = aclError (*)(void* output_addr, size_t output_size,
+                                              aclrtStream stream);
+using aclrtResetOverflowStatusFn = aclError (*)(aclrtStream stream);
+// The size aclrtGetOverflowStatus writes (the runtime page above).
+constexpr size_t kOverflowStatusBytes = 64;
+
 // Optional: CANN's per-thread "huge memory" bracket, which torch_npu's
 // EXEC_NPU_CMD calls around every aclnn call (Ascend/op-plugin
 // op_plugin/utils/op_api_common.h:136-140 types, :343-409 use): Init before
@@ -120,6 +143,12 @@ struct CannApi {
   aclrtMallocFn rt_malloc = nullptr;
   aclrtFreeFn rt_free = nullptr;
   aclGetRecentErrMsgFn recent_err_msg = nullptr;
+  // Optional (libascendcl.so; older CANN may lack them): the device and the
+  // overflow flag.
+  aclrtGetSocNameFn get_soc_name = nullptr;
+  aclrtGetDeviceSatModeFn get_sat_mode = nullptr;
+  aclrtGetOverflowStatusFn get_overflow_status = nullptr;
+  aclrtResetOverflowStatusFn reset_overflow_status = nullptr;
 };
 
 }  // namespace cann

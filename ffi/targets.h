@@ -28,6 +28,13 @@ inline constexpr char kUnscaleAndCheckTarget[] = "jas_unscale_and_check_v1";
 // then the unscaled leaves (aliased).  No attributes.  CPU only.
 inline constexpr char kUnscaleCheckAmaxTarget[] = "jas_unscale_check_amax_v1";
 
+// The Ascend float status register (ffi/ascend_float_status.h), v1; served
+// on Ascend only.  Clear: (x, order...) -> x (aliased), resets the flag.
+// Read: (order...) -> status (uint8[64]), nonzero after an overflow.  No
+// attributes.
+inline constexpr char kFloatStatusClearTarget[] = "jas_float_status_clear_v1";
+inline constexpr char kFloatStatusReadTarget[] = "jas_float_status_read_v1";
+
 // The host report, v1: flag (bool) and values (bool, float32, int32) ->
 // flag; attribute report (int64), the key of a Python function in this
 // process.  Never in an exported program (the key means nothing elsewhere).

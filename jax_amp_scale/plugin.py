@@ -1,5 +1,7 @@
 """Register the native handlers on a PJRT plugin platform (Ascend, CUDA): `register`;
-load CANN now and see which libraries were used: `load_cann`.
+load CANN now and see which libraries were used, the SoC and its overflow
+mode: `load_cann`; on an Ascend device in saturation mode whose overflow
+flag cannot be read, an opt-in check by value: `saturated_as_overflow`.
 
 Without a call, the platforms named in ``$JAX_AMP_SCALE_PLUGIN_PLATFORMS``
 (default ``ascend,npu``) are registered at the library's first use
@@ -15,6 +17,7 @@ from typing import Any
 
 from jax_amp_scale.mechanisms import handlers, jax_internals
 from jax_amp_scale.mechanisms.handlers import CannLoadError, PluginRegistrationError, load_cann
+from jax_amp_scale.training.saturation import saturated_as_overflow
 
 __all__ = [
     "CannLoadError",
@@ -23,6 +26,7 @@ __all__ = [
     "register",
     "register_in_api",
     "registrations",
+    "saturated_as_overflow",
 ]
 
 

@@ -10,7 +10,8 @@ The module has its own CANN loader state and workspace cache: `testing()`'s
 
 `ascend_on_cpu` runs the package's whole Ascend path on CPU (the public
 functions, the dispatch decisions, the guard, the fused pass's calling
-convention, every CANN call) against the double.
+convention, the SoC's operators and the overflow flag, every CANN call)
+against the double; `saturate` plays a saturation-mode backward.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import sys
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -26,7 +28,7 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 
-from jax_amp_scale.mechanisms import handlers
+from jax_amp_scale.mechanisms import cann_device, handlers
 from jax_amp_scale.operators.unscale_and_check import cann_fused_pass, reference_pass
 from jax_amp_scale.operators.update_scale import (
     call_native,
@@ -64,10 +66,48 @@ def register_test_binding() -> str:
     mod = testing()
     if not _registered:
         capsules = mod.registrations()
-        for name in (mod.TEST_TARGET, mod.UNSCALE_TEST_TARGET):
+        for name in (mod.TEST_TARGET, mod.UNSCALE_TEST_TARGET, mod.SATURATE_TEST_TARGET):
             jax.ffi.register_ffi_target(name, capsules[name], platform="cpu")
         _registered = True
     return str(mod.TEST_TARGET)
+
+
+def _register_flag_bindings() -> dict[str, str]:
+    """The float status test bindings, registered as the flag's handlers for
+    "cpu" under their own names (which the dispatch reads from TARGETS)."""
+    mod = testing()
+    capsules = mod.registrations()
+    names = {
+        handlers.FLOAT_STATUS_CLEAR: str(mod.CLEAR_TEST_TARGET),
+        handlers.FLOAT_STATUS_READ: str(mod.READ_TEST_TARGET),
+    }
+    handlers.platforms(handlers.UPDATE_SCALE)  # the modules' own names first
+    with mock.patch.dict(handlers.TARGETS, names):
+        for op, name in names.items():
+            handlers.register_capsule(op, "cpu", capsules[name])
+    return names
+
+
+def saturate(tree: Any) -> Any:
+    """What a saturation-mode NPU makes of a float16 backward, under jit too:
+    each float16 inf becomes +-65504 and each NaN 0, and if there was any,
+    the device's float status register is set (in the CANN double).  Other
+    dtypes pass unchanged."""
+    register_test_binding()
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    call = jax.ffi.ffi_call(
+        str(testing().SATURATE_TEST_TARGET),
+        [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves],
+        input_output_aliases={k: k for k in range(len(leaves))},
+        has_side_effect=True,
+    )
+    return jax.tree_util.tree_unflatten(treedef, call(*leaves))
+
+
+def forget_device() -> None:
+    """The next dispatch asks CANN for the device again (after `control.use`)."""
+    testing().forget_cann()
+    cann_device.forget()
 
 
 def unscale_and_check(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
@@ -173,12 +213,22 @@ def ascend_on_cpu() -> Iterator[None]:
     """
     register_test_binding()
     mod = testing()
-    with dispatch_tables(
-        auto_native={op: frozenset({"cpu"}) for op in handlers.OPERATORS},
-        cann_platforms=frozenset({"cpu"}),
-        targets={
-            handlers.UPDATE_SCALE: str(mod.TEST_TARGET),
-            handlers.UNSCALE_AND_CHECK: str(mod.UNSCALE_TEST_TARGET),
-        },
+    flags = _register_flag_bindings()
+    sys.modules["_ascend_testing"] = mod
+    with (
+        mock.patch.object(cann_device, "ASCEND_MODULE", "_ascend_testing"),
+        dispatch_tables(
+            auto_native={op: frozenset({"cpu"}) for op in handlers.OPERATORS},
+            cann_platforms=frozenset({"cpu"}),
+            targets={
+                handlers.UPDATE_SCALE: str(mod.TEST_TARGET),
+                handlers.UNSCALE_AND_CHECK: str(mod.UNSCALE_TEST_TARGET),
+                **flags,
+            },
+        ),
     ):
-        yield
+        cann_device.forget()
+        try:
+            yield
+        finally:
+            cann_device.forget()

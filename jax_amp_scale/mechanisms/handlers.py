@@ -17,7 +17,9 @@ The backend choice: ``"reference"`` is the pure-JAX lowering (every
 platform); ``"ffi"`` the native custom call (a lowering-time error where the
 platform has no handler); ``"auto"`` the native call where `AUTO_NATIVE`
 prefers it and a handler is registered, the reference elsewhere, per
-lowering platform.
+lowering platform.  On Ascend the SoC CANN reports decides too
+(`cann_device`): an operator the SoC lacks is the reference under "auto"
+(one warning) and an error under "ffi".
 
 Without the compiled modules (an install whose ``_native_cpu`` does not load,
 or ``JAX_AMP_SCALE_DISABLE_NATIVE=1``) the package still imports and works:
@@ -41,7 +43,7 @@ from typing import Any, Literal, NamedTuple
 
 import jax
 
-from jax_amp_scale.mechanisms import jax_internals
+from jax_amp_scale.mechanisms import cann_device, jax_internals
 
 # The operators that have native handlers, by their modules' names.
 UPDATE_SCALE = "update_scale"
@@ -51,6 +53,16 @@ UNSCALE_CHECK_AMAX = "unscale_check_amax"
 OPERATORS: tuple[str, ...] = (UPDATE_SCALE, UNSCALE_AND_CHECK, UNSCALE_CHECK_AMAX)
 # The host report (operators/host_report.py): native on CPU, never exported.
 HOST_REPORT = "host_report"
+# The Ascend float status register (operators/float_status.py): clear and
+# read, on CANN platforms in saturation mode only.
+FLOAT_STATUS_CLEAR = "float_status_clear"
+FLOAT_STATUS_READ = "float_status_read"
+FLOAT_STATUS = (FLOAT_STATUS_CLEAR, FLOAT_STATUS_READ)
+# The CANN operator behind each operator's Ascend handler.
+CANN_OPERATOR = {
+    UPDATE_SCALE: cann_device.UPDATE_SCALE_OP,
+    UNSCALE_AND_CHECK: cann_device.FUSED_PASS_OP,
+}
 
 # Lowering platform name (as `lax.platform_dependent` and `jax.export` spell
 # it; "gpu" is JAX's older name for cuda) -> the platform name XLA's and a
@@ -83,11 +95,13 @@ _TARGET_ATTRIBUTE = {
     UNSCALE_AND_CHECK: "UNSCALE_AND_CHECK_TARGET",
     UNSCALE_CHECK_AMAX: "UNSCALE_CHECK_AMAX_TARGET",
     HOST_REPORT: "HOST_REPORT_TARGET",
+    FLOAT_STATUS_CLEAR: "FLOAT_STATUS_CLEAR_TARGET",
+    FLOAT_STATUS_READ: "FLOAT_STATUS_READ_TARGET",
 }
 
 # One lock for the table and the loading (which writes the table).
 _lock = threading.RLock()
-_handlers: dict[str, set[str]] = {op: set() for op in (*OPERATORS, HOST_REPORT)}
+_handlers: dict[str, set[str]] = {op: set() for op in (*OPERATORS, HOST_REPORT, *FLOAT_STATUS)}
 # Why an optional native module or a plugin registration did not load, by platform.
 LOAD_ERRORS: dict[str, str] = {}
 # {operator: FFI target name}, as the native modules define them.
@@ -359,10 +373,15 @@ def capsule_pointer(capsule: Any, name: bytes | None = None) -> int:
 
 
 def load_cann() -> dict[str, str]:
-    """Loads CANN now; returns the paths used, keyed opapi/nnopbase/ascendcl.
+    """Loads CANN now; returns the paths used (keys ``opapi``, ``nnopbase``,
+    ``ascendcl``, ``opapi_nn``, ``fused_pass_error``) and the device: ``soc``
+    (``aclrtGetSocName()``, ``""`` where CANN lacks it) and
+    ``overflow_mode`` (``aclrtGetDeviceSatMode()``: ``"saturation"``,
+    ``"inf_nan"``, ``"undef"``, or ``"unknown"`` where CANN lacks it).
 
     The Ascend handlers (``ffi/ascend.cc``) load CANN's libraries at run
-    time: nothing from CANN is needed to build or import this package.
+    time: nothing from CANN is needed to build or import this package.  The
+    SoC and the mode are read once, at load, on the current device.
 
     Raises:
       CannLoadError: a library or symbol is missing; the message lists every
@@ -372,7 +391,7 @@ def load_cann() -> dict[str, str]:
         ``libnnopbase.so`` and ``libascendcl.so``).
     """
     try:
-        return dict(importlib.import_module("jax_amp_scale._native_ascend").load_cann())
+        return cann_device.load_cann()
     except RuntimeError as e:
         raise CannLoadError(str(e)) from None
 
@@ -431,14 +450,19 @@ def register_plugin(
         _load_builtins()
     targets = dict(TARGETS) or module_targets(importlib.import_module("jax_amp_scale._native_cpu"))
     if handler is None and target is None and platform not in ("cuda", "gpu"):
-        _register_one(
-            platform,
-            api,
-            reg_platform,
-            default_handler(platform, UNSCALE_AND_CHECK),
-            targets[UNSCALE_AND_CHECK],
-            UNSCALE_AND_CHECK,
-        )
+        ascend = importlib.import_module("jax_amp_scale._native_ascend")
+        flag_targets = module_targets(ascend)
+        with _lock:
+            TARGETS.update({op: flag_targets[op] for op in FLOAT_STATUS})
+        for each in (UNSCALE_AND_CHECK, *FLOAT_STATUS):
+            _register_one(
+                platform,
+                api,
+                reg_platform,
+                default_handler(platform, each),
+                targets.get(each) or flag_targets[each],
+                each,
+            )
     target = targets[UPDATE_SCALE] if target is None else str(target)
     op = {v: k for k, v in targets.items()}.get(target)
     capsule = handler if handler is not None else default_handler(platform)
@@ -488,6 +512,15 @@ class Plan(NamedTuple):
     cann_platforms: frozenset[str] = frozenset()
 
 
+def soc_lacks(op: str) -> str | None:
+    """The SoC name when the Ascend device CANN reports lacks `op`'s CANN
+    operator (`cann_device.lacks`), else None (CANN not loaded included)."""
+    found = cann_device.device()
+    if found is None or op not in CANN_OPERATOR:
+        return None
+    return found.soc if cann_device.lacks(CANN_OPERATOR[op], found.soc) else None
+
+
 def plan(
     op: str, backend: str, *, partitions: bool, not_auto: frozenset[str] = frozenset()
 ) -> Plan:
@@ -495,14 +528,23 @@ def plan(
 
     `partitions`: whether the native calls can partition these operands;
     `not_auto`: platforms ``"auto"`` must not run natively (a CANN operator
-    that cannot give the state's bits).
+    that cannot give the state's bits).  On a CANN platform whose SoC lacks
+    the operator, ``"ffi"`` raises (naming the SoC and the products CANN
+    lists) and ``"auto"`` plans the reference there, with one warning.
     """
     if backend == "reference":
         return Plan("reference", frozenset())
     have = platforms(op)
     cann = have & CANN_PLATFORMS
+    soc = soc_lacks(op) if cann else None
     if backend == "ffi":
+        if soc is not None:
+            raise ValueError(cann_device.refusal(CANN_OPERATOR[op], soc))
         return Plan("strict", have, target(op), cann)
+    if soc is not None:
+        cann_device.warn_once(soc)
+        not_auto = not_auto | cann
+        cann = frozenset()
     prefer = preferred(op, have - not_auto)
     if not prefer or not partitions:
         return Plan("reference", frozenset())

@@ -32,6 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_amp_scale.mechanisms import custom_call as cc
 from jax_amp_scale.mechanisms import floats, handlers, jax_internals
+from jax_amp_scale.operators import float_status
 
 PyTree = Any
 Pass = Callable[[jax.Array, list[jax.Array]], tuple[jax.Array, list[jax.Array]]]
@@ -436,12 +437,14 @@ def unscale_and_check(
     if not floating:
         return tree, jnp.array(False)
     if scale is None:  # identity scale: nothing to multiply, only the check
-        return tree, jnp.logical_not(all_finite(tree))
+        found = jnp.logical_not(all_finite(tree))
+        return tree, float_status.or_flag(found, [leaves[i] for i in floating])
     inv = floats.inverse_scale(scale)
     found, outs = unscale_and_check_leaves(inv, [leaves[i] for i in floating], checked)
     for i, u in zip(floating, outs, strict=True):
         leaves[i] = u
-    return jax.tree_util.tree_unflatten(treedef, leaves), found
+    # In saturation mode on Ascend, the hardware's flag too (float_status.py).
+    return jax.tree_util.tree_unflatten(treedef, leaves), float_status.or_flag(found, outs)
 
 
 def unscale_check_amax(
@@ -466,9 +469,10 @@ def unscale_check_amax(
     picked = [leaves[i] for i in floating]
     if scale is None:  # identity scale: nothing to multiply
         amax = jnp.stack([floats.finite_amax(x) for x in picked])
-        return tree, jnp.logical_not(all_finite(tree)), amax
+        return tree, float_status.or_flag(jnp.logical_not(all_finite(tree)), picked), amax
     inv = floats.inverse_scale(scale)
     found, amaxes, outs = _pass(inv, picked, checked, amax=True)
+    found = float_status.or_flag(found, outs)
     for i, u in zip(floating, outs, strict=True):
         leaves[i] = u
     amax = jax.lax.stop_gradient(jnp.stack(amaxes))

@@ -18,6 +18,7 @@ import numpy as np
 
 from jax_amp_scale.mechanisms.floats import compute_dtype, inverse_scale, is_float_leaf, widened
 from jax_amp_scale.mechanisms.handlers import Backend
+from jax_amp_scale.operators import float_status
 from jax_amp_scale.operators import unscale_and_check as gradient_pass
 from jax_amp_scale.operators.unscale_and_check import PyTree, leaf_finite, unscale_leaf
 from jax_amp_scale.operators.update_scale import ScaleState, or_across
@@ -119,7 +120,9 @@ def scale_loss(loss: PyTree, state: Any) -> PyTree:
         )
     if _is_identity(state):
         return loss
-    scale = scale_value(state)
+    # On an Ascend device in saturation mode the scale passes through the
+    # clear of the overflow flag, after the loss (operators/float_status.py).
+    scale = float_status.clear_before_backward(scale_value(state), loss)
 
     def one(x: jax.Array) -> jax.Array:
         dt = compute_dtype(x.dtype)

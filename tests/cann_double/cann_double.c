@@ -21,6 +21,13 @@
 
 enum { ACL_FLOAT = 0, ACL_FLOAT16 = 1, ACL_INT32 = 3, ACL_BF16 = 27, ACL_FORMAT_ND = 2 };
 enum { ST_NULLPTR = 161001, ST_INVALID = 161002, ST_TILING = 561002 };
+/* An operator on a SoC that CANN's page lists as unsupported: the page gives
+ * no status for it, so the double answers 561003, aclnn's inner "kernel not
+ * found" code (an assumption, not a source; the library never makes such a
+ * call under backend="auto", and "ffi" refuses before tracing). */
+enum { ST_NO_KERNEL = 561003 };
+/* aclError ACL_ERROR_INVALID_PARAM (acl/acl_base.h), for the runtime calls. */
+enum { ACL_INVALID_PARAM = 100000 };
 #define MAXDIMS 8
 #define TENSOR_MAGIC 0x7e45044bu
 #define EXEC_MAGIC 0xe8ec0701u
@@ -86,6 +93,68 @@ static int64_t next_id = 1;
 static cd_alloc* allocs;
 static size_t nallocs, capallocs;
 static int64_t total_allocs, total_frees;
+
+/* ---- the device: its SoC, its overflow mode, its float status register ----
+ *
+ * The SoC name comes from $JAS_CANN_DOUBLE_SOC (default Ascend910B2, an Atlas
+ * A2), the mode from $JAS_CANN_DOUBLE_OVERFLOW_MODE ("saturation" or
+ * "inf_nan", default inf_nan), as CANN's INF_NAN_MODE_ENABLE lets an A2/A3
+ * choose; the products that have one mode only ignore it (hiascend
+ * Pytorch/600 Envvariables Envir_004; hicann/runtime 25-02_Enumerations.md):
+ * saturation on the Atlas training series (910), the inference series (310P),
+ * INF_NAN on the 950.  One register per device (the anchors all-reduce it:
+ * it is per device), sticky until reset; the current device is per thread
+ * (aclrtSetDevice), as in ACL. */
+static void set_msg(const char* fmt, ...);
+#define CD_MAX_DEVICES 64
+static uint32_t float_status[CD_MAX_DEVICES];
+static int64_t flag_clears, flag_reads;
+static __thread int32_t current_device;
+
+static const char* const kTrainingSeries[] = {"Ascend910A", "Ascend910B", "Ascend910ProA",
+                                              "Ascend910ProB", "Ascend910PremiumA", NULL};
+static const char* const kInferenceSeries[] = {"Ascend310P1", "Ascend310P2", "Ascend310P3",
+                                               "Ascend310P4", "Ascend310P5", "Ascend310P7",
+                                               NULL};
+
+static int in_list(const char* soc, const char* const* list) {
+  for (; *list; ++list)
+    if (strcmp(soc, *list) == 0) return 1; /* exact: "Ascend910B" is not "Ascend910B2" */
+  return 0;
+}
+
+static const char* soc_name(void) {
+  const char* v = getenv("JAS_CANN_DOUBLE_SOC");
+  return v && *v ? v : "Ascend910B2";
+}
+
+/* 0 saturation, 1 INF_NAN (aclrtFloatOverflowMode). */
+static int sat_mode(void) {
+  const char* soc = soc_name();
+  if (in_list(soc, kTrainingSeries) || in_list(soc, kInferenceSeries)) return 0;
+  if (strncmp(soc, "Ascend950", 9) == 0) return 1;
+  const char* v = getenv("JAS_CANN_DOUBLE_OVERFLOW_MODE");
+  return v && strcmp(v, "saturation") == 0 ? 0 : 1;
+}
+
+/* Whether `op` runs on this SoC: aclnnAmpUpdateScale not on the training
+ * series nor 310P (hicann/ops-math math/amp_update_scale/docs/
+ * aclnnAmpUpdateScale.md); aclnnForeachNonFiniteCheckAndUnscale not on the
+ * training series (hicann/ops-nn foreach/foreach_non_finite_check_and_unscale/
+ * docs/aclnnForeachNonFiniteCheckAndUnscale.md). */
+static int32_t refused_on_soc(const char* op, int update_scale) {
+  const char* soc = soc_name();
+  if (in_list(soc, kTrainingSeries) || (update_scale && in_list(soc, kInferenceSeries))) {
+    set_msg("%s is not supported on SoC %s", op, soc);
+    return ST_NO_KERNEL;
+  }
+  return 0;
+}
+
+static void raise_status(void) {
+  const int32_t d = current_device;
+  if (d >= 0 && d < CD_MAX_DEVICES) float_status[d] = 1;
+}
 
 static void logf_(const char* fmt, ...) {
   if (!logging) return;
@@ -172,7 +241,28 @@ static uint16_t to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
+/* In saturation mode a kernel stores an overflow as +-MAX of the dtype and
+ * NaN as 0, and sets the device's float status register (Envir_004: "overflow
+ * becomes the maximum of the data type, NaN becomes 0"). */
+static float saturate(int32_t dt, float v) {
+  const float max = dt == ACL_FLOAT ? 3.40282347e38f : dt == ACL_FLOAT16 ? 65504.0f : 3.38953139e38f;
+  if (v != v) {
+    raise_status();
+    return 0.0f;
+  }
+  if (v > max || v < -max) {
+    raise_status();
+    return v > 0 ? max : -max;
+  }
+  if (dt == ACL_FLOAT16 && (v >= 65520.0f || v <= -65520.0f)) { /* rounds to inf */
+    raise_status();
+    return v > 0 ? max : -max;
+  }
+  return v;
+}
+
 static void store(int32_t dt, void* p, float v) {
+  if (sat_mode() == 0) v = saturate(dt, v);
   if (dt == ACL_FLOAT) {
     memcpy(p, &v, 4);
   } else if (dt == ACL_FLOAT16) {
@@ -458,6 +548,7 @@ EXPORT int32_t cd_foreach_get_workspace_size(const char* lib, const cd_tensor_li
     st = ST_INVALID;
     goto out;
   }
+  if ((st = refused_on_soc("aclnnForeachNonFiniteCheckAndUnscale", 0))) goto out;
   if ((st = check_tensor(found, "foundInf", ACL_FLOAT)) ||
       (st = check_tensor(inv, "invScale", ACL_FLOAT)))
     goto out;
@@ -541,6 +632,7 @@ EXPORT int32_t cd_get_workspace_size(const char* lib, const cd_tensor* scale,
     goto out;
   }
   *executor = NULL;
+  if ((st = refused_on_soc("aclnnAmpUpdateScale", 1))) goto out;
   if (!scale) {
     set_msg("currentScale is nullptr");
     st = ST_NULLPTR;
@@ -740,7 +832,74 @@ EXPORT int cd_free(void* ptr) {
 
 EXPORT const char* cd_recent_err_msg(void) { return recent; }
 
+/* ---- the runtime's device functions (acl/acl_rt.h) ---- */
+EXPORT const char* cd_get_soc_name(void) { return soc_name(); }
+
+EXPORT int cd_get_sat_mode(int32_t* mode) {
+  if (!mode) return ACL_INVALID_PARAM;
+  *mode = sat_mode();
+  return 0;
+}
+
+EXPORT int cd_set_device(int32_t device) {
+  if (device < 0 || device >= CD_MAX_DEVICES) return ACL_INVALID_PARAM;
+  current_device = device;
+  return 0;
+}
+
+/* aclrtGetOverflowStatus: the register of the current device into the first
+ * four bytes of a 64-byte buffer (what the other bytes mean is not
+ * documented: zero here).  Synchronous on host memory. */
+EXPORT int cd_get_overflow_status(void* out, size_t size, void* stream) {
+  pthread_mutex_lock(&mu);
+  int st = injected("aclrtGetOverflowStatus");
+  const int32_t d = current_device;
+  if (!st && (!out || size != 64)) {
+    set_msg("aclrtGetOverflowStatus: outputAddr must hold 64 bytes");
+    ++bad_calls;
+    st = ACL_INVALID_PARAM;
+  }
+  if (!st) {
+    memset(out, 0, size);
+    memcpy(out, &float_status[d], 4);
+    ++flag_reads;
+  }
+  logf_("{\"ev\":\"flag_get\",\"device\":%d,\"value\":%u,\"stream\":%llu,\"status\":%d}", d,
+        float_status[d], (unsigned long long)(uintptr_t)stream, st);
+  pthread_mutex_unlock(&mu);
+  return st;
+}
+
+EXPORT int cd_reset_overflow_status(void* stream) {
+  pthread_mutex_lock(&mu);
+  int st = injected("aclrtResetOverflowStatus");
+  const int32_t d = current_device;
+  if (!st) {
+    float_status[d] = 0;
+    ++flag_clears;
+  }
+  logf_("{\"ev\":\"flag_clear\",\"device\":%d,\"stream\":%llu,\"status\":%d}", d,
+        (unsigned long long)(uintptr_t)stream, st);
+  pthread_mutex_unlock(&mu);
+  return st;
+}
+
 /* ---- controls for the tests ---- */
+/* Sets `device`'s register (the current device's when device < 0), as a
+ * kernel that overflowed in saturation mode does. */
+EXPORT void cd_raise_float_status(int32_t device) {
+  pthread_mutex_lock(&mu);
+  const int32_t d = device < 0 ? current_device : device;
+  if (d < CD_MAX_DEVICES) float_status[d] = 1;
+  logf_("{\"ev\":\"flag_raise\",\"device\":%d}", d);
+  pthread_mutex_unlock(&mu);
+}
+EXPORT uint32_t cd_float_status(int32_t device) {
+  pthread_mutex_lock(&mu);
+  const uint32_t v = device >= 0 && device < CD_MAX_DEVICES ? float_status[device] : 0;
+  pthread_mutex_unlock(&mu);
+  return v;
+}
 EXPORT void cd_reset(void) {
   pthread_mutex_lock(&mu);
   loglen = 0;
@@ -750,6 +909,8 @@ EXPORT void cd_reset(void) {
   failure.status = 0;
   failure.api[0] = failure.msg[0] = '\0';
   logging = 1;
+  memset(float_status, 0, sizeof float_status);
+  flag_clears = flag_reads = 0;
   pthread_mutex_unlock(&mu);
 }
 EXPORT void cd_set_logging(int on) {
@@ -784,12 +945,12 @@ EXPORT size_t cd_log(char* buf, size_t n) {
 }
 /* live_tensors, created, destroyed, live_execs, gws_calls, run_calls,
  * live_allocs, total_allocs, total_frees, bad_calls, live_lists,
- * lists_created, lists_destroyed */
+ * lists_created, lists_destroyed, flag_clears, flag_reads */
 EXPORT void cd_stats(int64_t* out) {
   pthread_mutex_lock(&mu);
-  int64_t v[13] = {live_tensors, created,      destroyed,   live_execs, gws_calls,
+  int64_t v[15] = {live_tensors, created,      destroyed,   live_execs, gws_calls,
                    run_calls,    (int64_t)nallocs, total_allocs, total_frees, bad_calls,
-                   live_lists,   lists_created, lists_destroyed};
+                   live_lists,   lists_created, lists_destroyed, flag_clears, flag_reads};
   memcpy(out, v, sizeof v);
   pthread_mutex_unlock(&mu);
 }

@@ -30,5 +30,10 @@ int cd_huge_mem(int what, void* arg, int sync); /* 0 init, 1 uninit, 2 release *
 int cd_malloc(void** ptr, size_t size, int32_t policy);
 int cd_free(void* ptr);
 const char* cd_recent_err_msg(void);
+const char* cd_get_soc_name(void);
+int cd_get_sat_mode(int32_t* mode);
+int cd_set_device(int32_t device);
+int cd_get_overflow_status(void* out, size_t size, void* stream);
+int cd_reset_overflow_status(void* stream);
 
 #endif

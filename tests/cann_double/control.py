@@ -25,6 +25,8 @@ STATS = (
     "live_lists",
     "lists_created",
     "lists_destroyed",
+    "flag_clears",
+    "flag_reads",
 )
 
 
@@ -40,6 +42,9 @@ class CannDouble:
         self.core.cd_log.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
         self.core.cd_log.restype = ctypes.c_size_t
         self.core.cd_set_logging.argtypes = [ctypes.c_int]
+        self.core.cd_raise_float_status.argtypes = [ctypes.c_int32]
+        self.core.cd_float_status.argtypes = [ctypes.c_int32]
+        self.core.cd_float_status.restype = ctypes.c_uint32
 
     def home(self, variant: str) -> Path:
         """A directory D with D/lib64 = the variant's libraries (an ASCEND_HOME_PATH)."""
@@ -68,6 +73,14 @@ class CannDouble:
         self.core.cd_log(buf, n + 1)
         return [json.loads(line) for line in buf.value.decode().splitlines()]
 
+    def raise_float_status(self, device: int = 0) -> None:
+        """Sets `device`'s float status register, as an overflowing kernel
+        in saturation mode does."""
+        self.core.cd_raise_float_status(device)
+
+    def float_status(self, device: int = 0) -> int:
+        return int(self.core.cd_float_status(device))
+
     def stats(self) -> dict[str, int]:
         out = (ctypes.c_int64 * len(STATS))()
         self.core.cd_stats(out)
@@ -85,13 +98,31 @@ def shared(tmp_path_factory: Any) -> CannDouble:
     return _SHARED
 
 
-def use(monkeypatch: Any, double: CannDouble, variant: str = "full") -> None:
-    """Points the Ascend loader at `variant` of the double, fresh state."""
+SOC_ENV = "JAS_CANN_DOUBLE_SOC"
+MODE_ENV = "JAS_CANN_DOUBLE_OVERFLOW_MODE"
+
+
+def use(
+    monkeypatch: Any,
+    double: CannDouble,
+    variant: str = "full",
+    *,
+    soc: str | None = None,
+    mode: str | None = None,
+) -> None:
+    """Points the Ascend loader at `variant` of the double, fresh state;
+    `soc` and `mode` (``"saturation"`` or ``"inf_nan"``) set the device the
+    double plays (default: an Ascend910B2 in INF_NAN mode)."""
     from tests import ascend_harness
 
     for var in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "JAX_AMP_SCALE_CANN_OPAPI"):
         monkeypatch.delenv(var, raising=False)
+    for var, value in ((SOC_ENV, soc), (MODE_ENV, mode)):
+        if value is None:
+            monkeypatch.delenv(var, raising=False)
+        else:
+            monkeypatch.setenv(var, value)
     monkeypatch.setenv("ASCEND_HOME_PATH", str(double.home(variant)))
-    ascend_harness.testing().forget_cann()
+    ascend_harness.forget_device()
     ascend_harness.testing().release_workspaces()
     double.reset()

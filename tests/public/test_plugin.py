@@ -95,9 +95,11 @@ def test_newer_layout_registers_once_and_marks_the_platform(fake_plugin):
     # Once registered, "auto" prefers the native operator on Ascend.
     assert out["available"] == ["reference", "ffi"] and out["auto"] == "ffi"
     # Idempotent: the plugin was called once per handler (Ascend registers
-    # the fused gradient pass too).
+    # the fused gradient pass and the float status register too).
     got = sorted(tuple(line.split()[:4]) for line in out["log"])
     assert got == [
+        ("typed", "jas_float_status_clear_v1", "ascend", "-1"),
+        ("typed", "jas_float_status_read_v1", "ascend", "-1"),
         ("typed", "jas_unscale_and_check_v1", "ascend", "-1"),
         ("typed", "jas_update_scale_v2", "ascend", "-1"),
     ]
@@ -110,6 +112,8 @@ def test_older_layout_with_api_version_is_detected(fake_plugin):
     assert out["route"] == "pjrt-versioned"
     got = sorted(tuple(line.split()[:4]) for line in out["log"])
     assert got == [
+        ("versioned", "jas_float_status_clear_v1", "ascend", "1"),
+        ("versioned", "jas_float_status_read_v1", "ascend", "1"),
         ("versioned", "jas_unscale_and_check_v1", "ascend", "1"),
         ("versioned", "jas_update_scale_v2", "ascend", "1"),
     ]

@@ -73,6 +73,8 @@ def test_math_library_is_preferred(double, monkeypatch):
         "ascendcl": f"{home}/lib64/libascendcl.so",
         "opapi_nn": f"{home}/lib64/libopapi_nn.so",
         "fused_pass_error": "",
+        "soc": "Ascend910B2",  # the double's default device: an Atlas A2 in INF_NAN mode
+        "overflow_mode": "inf_nan",
     }
     _run_once()
     assert {e["lib"] for e in double.log() if e["ev"] in ("gws", "run")} == {"libopapi_math.so"}
@@ -208,7 +210,12 @@ def test_import_needs_no_cann():
     import jax_amp_scale._native_ascend as mod
 
     # The versioned targets, and nothing else (tests/mechanisms/handlers/test_native_modules.py).
-    assert set(mod.registrations()) == {mod.UPDATE_SCALE_TARGET, mod.UNSCALE_AND_CHECK_TARGET}
+    assert set(mod.registrations()) == {
+        mod.UPDATE_SCALE_TARGET,
+        mod.UNSCALE_AND_CHECK_TARGET,
+        mod.FLOAT_STATUS_CLEAR_TARGET,
+        mod.FLOAT_STATUS_READ_TARGET,
+    }
 
 
 def test_test_only_code_is_not_in_the_package():
@@ -220,6 +227,8 @@ def test_test_only_code_is_not_in_the_package():
     assert public == {
         "UPDATE_SCALE_TARGET",
         "UNSCALE_AND_CHECK_TARGET",
+        "FLOAT_STATUS_CLEAR_TARGET",
+        "FLOAT_STATUS_READ_TARGET",
         "load_cann",
         "registrations",
     }

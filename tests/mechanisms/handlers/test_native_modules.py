@@ -2,8 +2,9 @@
 
 The FFI target names are defined once in C++ (ffi/targets.h) and exported by
 each module as UPDATE_SCALE_TARGET and UNSCALE_AND_CHECK_TARGET (and, by the
-CPU module alone, HOST_REPORT_TARGET); registrations() maps those names to
-capsules.
+CPU module alone, HOST_REPORT_TARGET; by the Ascend module alone, the float
+status register's FLOAT_STATUS_CLEAR_TARGET and FLOAT_STATUS_READ_TARGET);
+registrations() maps those names to capsules.
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ MODULES = {
         "HOST_REPORT_TARGET",
     },
     "_native_cuda": {"UPDATE_SCALE_TARGET"},
-    "_native_ascend": {"UPDATE_SCALE_TARGET", "UNSCALE_AND_CHECK_TARGET"},
+    "_native_ascend": {
+        "UPDATE_SCALE_TARGET",
+        "UNSCALE_AND_CHECK_TARGET",
+        "FLOAT_STATUS_CLEAR_TARGET",
+        "FLOAT_STATUS_READ_TARGET",
+    },
     "_native_plugin": None,  # the PJRT registrar hands out no capsule
 }
 
