@@ -6,7 +6,7 @@ Everything of the operator lives here, in this order:
   once at the public boundary, at trace time;
 - its pure-JAX reference (`update_scale_reference`), exact on every
   platform: the products come from `floats` in integer arithmetic;
-- its native call (``jas_update_scale_v2``: ffi/update_scale.cc,
+- its native call (``jas_update_scale_v2``: ffi/update_scale_cpu.cc,
   ffi/update_scale_cuda.cu, ffi/ascend.cc; the rule in ffi/update_scale.h),
   partitioned per element, and the guard after CANN's kernel;
 - the choice between them (`plan`) and the public functions
