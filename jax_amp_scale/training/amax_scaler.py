@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import numbers
 from collections.abc import Hashable
 from typing import Any, ClassVar
 
@@ -18,8 +17,8 @@ import numpy as np
 from jax_amp_scale.mechanisms.floats import is_float_leaf
 from jax_amp_scale.mechanisms.handlers import Backend, check_backend
 from jax_amp_scale.operators import unscale_and_check as gradient_pass
+from jax_amp_scale.operators.scale_state import INT32_MAX, ScaleState, check_factor, check_int
 from jax_amp_scale.operators.unscale_and_check import PyTree
-from jax_amp_scale.operators.update_scale import INT32_MAX, ScaleState, check_factor
 from jax_amp_scale.training.scalers import ScalerBase, fixed_state, found_flag, register_scaler
 
 # AmaxScaler's reason codes (its ``reason`` leaf).
@@ -271,16 +270,6 @@ def _log2_exact(value: float) -> int:
     return e - 1  # value is a checked power of two: m == 0.5
 
 
-def _int_in(value: Any, name: str, lo: int, hi: int) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Integral)
-        or not lo <= int(value) <= hi
-    ):
-        raise ValueError(f"{name} must be an int in [{lo}, {hi}], got {value!r}")
-    return int(value)
-
-
 def _power_of_two(value: Any, name: str) -> float:
     v = check_factor(value, name)
     m, e = math.frexp(v)
@@ -375,9 +364,9 @@ def _measured(measure: PyTree) -> tuple[bool, ...]:
 def _checked_counts(margin: Any, micro_batches: Any, max_backoffs: Any) -> tuple[int, int, int]:
     """`amax_scaler`'s int arguments, each in its range."""
     return (
-        _int_in(margin, "margin", 0, 24),
-        _int_in(micro_batches, "micro_batches", 1, INT32_MAX),
-        _int_in(max_backoffs, "max_backoffs", 0, 64),
+        check_int(margin, "margin", 0, 24),
+        check_int(micro_batches, "micro_batches", 1, INT32_MAX),
+        check_int(max_backoffs, "max_backoffs", 0, 64),
     )
 
 
