@@ -210,8 +210,8 @@ def machine(p: dict[str, Any]) -> str:
 def provenance_line(name: str, p: dict[str, Any], where: str) -> str:
     load_avg = str(p.get("load average at start", "?")).split()[0]
     commit, dirty = commit_and_dirty(p)
-    why = stale(p)
-    note = f"; **stale** ({why}): {STALE[name]}" if why and name in STALE else ""
+    # The reason, not git's list of changed files: the text stays fixed between commits.
+    note = f"; **stale**: {STALE[name]}" if name in STALE and stale(p) else ""
     return (
         f"`{where}`: {machine(p)}, commit {commit or '?'}{'+dirty' if dirty else ''}, "
         f"jax {p.get('jax', '?')}, load average at the start {load_avg}, "
