@@ -133,10 +133,10 @@ def _compile(out: Figs, values: dict[str, float]) -> None:
                 continue
             out[f"compile.{n}.{key}"] = Fig(median_text(ratios), src)
             meds += [statistics.median(ratios)] if key == "auto" else []
-    ran = {n: len(_table("3. Compile time", f", {n} parameter leaves")[0]["rows"])
-           for n in (*COMPILE_LEAVES, 10000)}  # fmt: skip
-    every = [n for n, k in ran.items() if k == max(ran.values())]
-    alone = [f"{n:,}" for n, k in ran.items() if k == 1]
+    ran = {int(t["title"].split(", ")[1].split()[0]): [r["name"] for r in t["rows"]]
+           for t in bench_runs()["compile"]["tables"] if t["workload"] == "3. Compile time"}  # fmt: skip
+    every = [n for n, rows in ran.items() if STEP_ROWS["auto"] in rows]
+    alone = [f"{n:,}" for n, rows in ran.items() if rows == ["plain"]]
     out["compile.leaves"] = Fig(f"{every[0]:,} to {every[-1]:,} parameter leaves"
                                 + (f" ({', '.join(alone)}: the plain step alone)" if alone else ""),
                                 f"{SRC} (compile)")  # fmt: skip
@@ -180,7 +180,7 @@ def _operator(out: Figs) -> None:
         ratios = _paired(t, "ffi", "reference")
         out[f"op.{key}.ffi_vs_reference"] = Fig(median_text(ratios), src)
         out[f"op.{key}.ffi_speedup"] = Fig(median_text([1 / r for r in ratios]), src)
-        out[f"op.{key}.ffi_verdict"] = Fig(verdict(ratios, "the reference").split(" ")[0], src)
+        out[f"op.{key}.ffi_verdict"] = Fig(verdict(ratios, "the reference"), src)
         for row in ("ffi", "reference"):
             us = statistics.median(_row(t, row)["times"]) * 1e6
             out[f"op.{key}.{row}_ns"] = Fig(f"{us * 1e3:.3g} ns", src)
@@ -269,7 +269,8 @@ def targets(f: Figs) -> str:
     rows = [[what, f[fig].text if fig in f else "-", f[f"target.{name}"].text]
             for name, what, fig, _ in TARGETS if f"target.{name}" in f]  # fmt: skip
     rows.append(["on a GPU", "never run", "not measured"])
-    return _md(rows, ["target", "the default path", "status"])
+    ran = "".join(f"- {f[f'source.bench.{w}'].text}\n" for w in ("step", "compile", "unscale"))
+    return _md(rows, ["target", "the default path", "status"]) + "\nFrom:\n\n" + ran
 
 
 def _from(f: Figs, workload: str) -> str:

@@ -46,14 +46,27 @@ FIGURE = re.compile(
 )
 THRESHOLD = re.compile(r"(at most|within|under|below|above|at least|target of)\s*$")
 VERSION = re.compile(r"(?i)(python|jax|jaxlib|torch|optax|flax|numpy|cuda|glibc|version)\s*$")
-CODE_FENCE = re.compile(r"^(```+)[ \t]*(?:[\w+-]*|\{code(?:-block|-cell)?\}.*)$\n.*?^\1\s*$", re.S | re.M)  # fmt: skip
+
+
+def _without_code(text: str) -> str:
+    """`text` without its code blocks; an admonition's ({note}, ...) text stays."""
+    out, fence, code = [], "", False
+    for line in text.splitlines():
+        m = re.match(r"^(`{3,}|:{3,})\s*(.*)$", line)
+        if not fence and m:
+            fence, info = m.group(1), m.group(2)
+            code = not info.startswith("{") or info.startswith(("{code", "{eval-rst"))
+        elif fence and line.strip() == fence:
+            fence = ""
+        elif not (fence and code):
+            out.append(line)
+    return "\n".join(out)
 
 
 def _scrub(text: str) -> str:
     """The page's prose: no code blocks (admonitions stay), no generated blocks, no roles,
     no code spans, no HTML comments."""
-    text = CODE_FENCE.sub("", text)
-    text = re.sub(r"^```+.*$", "", text, flags=re.M)  # an admonition's fences: its text stays
+    text = _without_code(text)
     text = figures.BLOCK.sub("", text)
     text = ROLE.sub("", text)
     text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
@@ -135,6 +148,18 @@ def test_every_role_names_a_figure():
     used = {m for p in figures.PAGES for m in ROLE.findall(p.read_text())}
     assert used, "no page cites a figure"
     assert sorted(used - set(known)) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "runs"),
+    [("step-table", ["step"]), ("compile-table", ["compile"]), ("pass-table", ["unscale"]),
+     ("targets", ["step", "compile", "unscale"]), ("readme-performance", ["step", "compile", "unscale"]),
+     ("bench-sources", ["step", "unscale", "compile", "update_scale", "torch", "multidevice"])],
+)  # fmt: skip
+def test_every_performance_block_names_its_runs_machine(name, runs):
+    text = figures_bench.BLOCKS[name](figures.figures())
+    for w in runs:
+        assert figures.fig(f"source.bench.{w}") in text, (name, w)
 
 
 def test_every_block_is_used_and_every_used_block_exists():
@@ -292,9 +317,13 @@ def _before_last_change(path: str) -> str:
 @pytest.mark.parametrize(("name", "path"), [("bench:step", "bench/bench_step.py"),
                                             ("demo", "jax_amp_scale/demo.py")])  # fmt: skip
 def test_a_real_result_recorded_before_its_source_changed_is_stale(name, path):
-    p = {**figures_data.entries()[name], "dirty": False}
+    """A real result's provenance, its commit set before and at its script's last change."""
+    p = {**figures_data.entries()[name], "dirty": False, "sources": [path]}
+    assert figures_data.script_of(p["command"]) == path
     p["commit"] = p["jax_amp_scale commit"] = _before_last_change(path)
-    assert path in figures_data.stale(p)
+    assert figures_data.stale(p) == f"{p['commit']}: changed since: {path}"
+    p["commit"] = p["jax_amp_scale commit"] = _git(ROOT, "log", "-1", "--format=%h", "--", path)
+    assert figures_data.stale(p) is None
 
 
 def test_every_result_records_where_it_came_from():
