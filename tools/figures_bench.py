@@ -24,7 +24,9 @@ from figures_data import (
     status,
     verdict,
 )
-from tabulate import tabulate
+from figures_data import (
+    md_table as _md,
+)
 
 Figs = dict[str, Fig]
 SRC = "results/bench.json"
@@ -216,11 +218,6 @@ def figures(out: Figs) -> None:
 # ---- the blocks -----------------------------------------------------------------
 
 
-def _md(rows: list[list[str]], head: list[str]) -> str:
-    align = ["left"] + ["right"] * (len(head) - 1)
-    return tabulate(rows, head, tablefmt="github", colalign=align, disable_numparse=True) + "\n"
-
-
 def step_table(f: Figs) -> str:
     names = {
         "auto": '**`loss_scaled`, default (`"auto"`)**',
@@ -237,7 +234,7 @@ def step_table(f: Figs) -> str:
         [label, *(f.get(f"step.{s}.{key}", Fig("not run", "")).text for s in DTYPES)]
         for key, label in names.items()
     ]
-    return _md(rows, ["candidate", "float16 compute", "float32 compute"]) + _from(f, "step")
+    return _md(rows, ["candidate", "float16 compute", "float32 compute"], True) + _from(f, "step")
 
 
 def compile_table(f: Figs) -> str:
@@ -248,7 +245,7 @@ def compile_table(f: Figs) -> str:
     rows += [[label, *(f[f"compile.{n}.{k}"].text for n in COMPILE_LEAVES)] for k, label in names.items()]  # fmt: skip
     rows += [["compiles per cell", *(f[f"compile.{n}.reps"].text for n in COMPILE_LEAVES)]]
     head = ["parameter leaves", *(f"{n:,}" for n in COMPILE_LEAVES)]
-    return _md(rows, head) + _from(f, "compile")
+    return _md(rows, head, True) + _from(f, "compile")
 
 
 PASS_COLUMNS = {  # header -> (how, against)
@@ -262,7 +259,7 @@ PASS_COLUMNS = {  # header -> (how, against)
 def pass_table(f: Figs) -> str:
     rows = [[f"{dtype}, {n:,}", *(f[f"pass.{h}.{b}.{short}.{n}"].text for h, b in PASS_COLUMNS.values())]
             for short, dtype in DTYPES.items() for n in PASS_LEAVES]  # fmt: skip
-    return _md(rows, ["dtype, leaves", *PASS_COLUMNS]) + _from(f, "unscale")
+    return _md(rows, ["dtype, leaves", *PASS_COLUMNS], True) + _from(f, "unscale")
 
 
 def targets(f: Figs) -> str:
@@ -270,7 +267,7 @@ def targets(f: Figs) -> str:
             for name, what, fig, _ in TARGETS if f"target.{name}" in f]  # fmt: skip
     rows.append(["on a GPU", "never run", "not measured"])
     ran = "".join(f"- {f[f'source.bench.{w}'].text}\n" for w in ("step", "compile", "unscale"))
-    return _md(rows, ["target", "the default path", "status"]) + "\nFrom:\n\n" + ran
+    return _md(rows, ["target", "the default path", "status"], True) + "\nFrom:\n\n" + ran
 
 
 def _from(f: Figs, workload: str) -> str:

@@ -18,6 +18,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tabulate import tabulate
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
 BENCH = RESULTS / "bench.json"
@@ -217,6 +219,12 @@ def provenance_line(name: str, p: dict[str, Any], where: str) -> str:
         f"jax {p.get('jax', '?')}, load average at the start {load_avg}, "
         f"{p.get('date (UTC)', '?')} UTC, `{p.get('command', '?')}`{note}"
     )
+
+
+def md_table(rows: list[list[str]], head: list[str], numbers_right: bool = False) -> str:
+    """A markdown table; the cells as given (no number parsing)."""
+    align = ["left"] + ["right" if numbers_right else "left"] * (len(head) - 1)
+    return tabulate(rows, head, tablefmt="github", colalign=align, disable_numparse=True) + "\n"
 
 
 # ---- numbers as text ---------------------------------------------------------

@@ -9,13 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 from figures_data import RESULTS, Fig, entries, load, minutes_text, provenance_line, result
-from tabulate import tabulate
+from figures_data import md_table as _md
 
 Figs = dict[str, Fig]
-
-
-def _md(rows: list[list[str]], head: list[str]) -> str:
-    return tabulate(rows, head, tablefmt="github", disable_numparse=True) + "\n"
 
 
 def _demo(out: Figs) -> None:
