@@ -1,8 +1,9 @@
 """Every published figure, from the results files that the measuring scripts wrote.
 
     python tools/figures.py record demo        # runs the demo; writes results/demo.json
+    python tools/figures.py start amax_study "python examples/amax_scaler_study.py ..." > START.json
     python tools/figures.py adopt amax_study PATH --started START.json
-                                               # a finished study's amax_study.json
+                                               # a long run: its provenance taken at its start
     python tools/figures.py write              # regenerates every figures block and picture
     python tools/figures.py check              # exit 1 when a block or picture is stale
     python tools/figures.py list               # every figure: name, text, source
@@ -107,9 +108,11 @@ def record(name: str) -> None:
 
 
 def adopt(name: str, path: Path, started: Path) -> None:
-    """A result a long run wrote: `started` holds what was taken at its start
-    (its command, and the commit and dirty flag then)."""
-    info = provenance("", name) | json.loads(started.read_text())
+    """A result a long run wrote: `started` is what ``start`` printed when it began
+    (the commit and dirty flag then, not now)."""
+    info = json.loads(started.read_text())
+    if missing := {"commit", "dirty", "command", "sources"} - set(info):
+        raise SystemExit(f"{started} lacks {sorted(missing)}: write it with `figures.py start`")
     write_result(name, info, json.loads(path.read_text()))
 
 
@@ -124,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="verb", required=True)
     sub.add_parser("record").add_argument("name", choices=sorted(RECORDERS))
+    s = sub.add_parser("start")
+    s.add_argument("name")
+    s.add_argument("command")
     a = sub.add_parser("adopt")
     a.add_argument("name")
     a.add_argument("path", type=Path)
@@ -133,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.verb == "record":
         record(args.name)
+    elif args.verb == "start":
+        print(json.dumps(provenance(args.command, args.name), indent=1))
     elif args.verb == "adopt":
         adopt(args.name, args.path, args.started)
     elif args.verb == "list":

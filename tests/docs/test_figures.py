@@ -394,3 +394,17 @@ def test_deleting_a_number_fails_a_page(monkeypatch):
     data["runs"]["step"]["tables"][0]["rows"][1]["times"].pop()
     with pytest.raises(ValueError):
         _with_bench(monkeypatch, data)
+
+
+def test_a_recorder_takes_commit_dirty_flag_and_sources():
+    p = figures_data.provenance("python -m jax_amp_scale.demo --quiet", "demo")
+    assert p["commit"] == _git(ROOT, "rev-parse", "--short", "HEAD")
+    assert isinstance(p["dirty"], bool)
+    assert p["sources"][-1] == "jax_amp_scale/demo.py" and "ffi" in p["sources"]
+
+
+def test_adopt_refuses_a_start_without_its_commit(tmp_path):
+    (tmp_path / "start.json").write_text(json.dumps({"command": "python x.py"}))
+    (tmp_path / "out.json").write_text("{}")
+    with pytest.raises(SystemExit, match="lacks"):
+        figures.adopt("amax_study", tmp_path / "out.json", tmp_path / "start.json")
