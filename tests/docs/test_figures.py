@@ -12,6 +12,7 @@ stale, with a reason), or a command that its recorded commit could not run.
 from __future__ import annotations
 
 import copy
+import json
 import random
 import re
 import statistics
