@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import figures_bench
+import figures_data
 import figures_runs
-from figures_data import RESULTS, ROOT, Fig, provenance
+from figures_data import RESULTS, ROOT, STALE, Fig, entries, provenance
 
 PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "bench" / "RESULTS.md",
          *sorted((ROOT / "docs").rglob("*.md")), ROOT / "examples/README.md"]  # fmt: skip
@@ -163,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
             stale.append(str(pic.relative_to(ROOT)))
             if args.verb == "write":
                 figures_bench.draw(figures(), pic)
+        for name, p in entries().items():
+            if (why := figures_data.stale(p)) and name not in STALE:
+                failed.append(f"{name}: stale ({why}): measure it again or list it in STALE")
         for line in failed:
             print("cannot render", line, file=sys.stderr)
         if args.verb == "check" and stale:
