@@ -52,13 +52,6 @@ for _name in ("amax_study", "amax_study_f16", "amax_study_large", "amax_study_la
 # that is current again, so this list says exactly what is stale.
 _OLD = "recorded before results carried a dirty flag and their sources"
 STALE = {
-    "bench:step": "to be measured again",
-    "bench:unscale": "to be measured again",
-    "bench:update_scale": "to be measured again",
-    "bench:torch": "to be measured again",
-    "bench:multidevice": "to be measured again",
-    "bench:compile": "the compile workload (15 min here) was not re-run after the package "
-    "changed: its figures are from the commit and machine named with them",
     "demo": _OLD,
     "transformer_lm": _OLD + "; written by a later script than its commit's (--json)",
     "transformer_lm_mean": _OLD,

@@ -223,10 +223,14 @@ def test_the_pass_table_puts_each_ratio_under_its_header(monkeypatch):
                                         "/ torch, in a program": ("inside", "torch"),
                                         "/ limit, one call": ("call", "limit"),
                                         "/ limit, in a program": ("inside", "limit")}.items():  # fmt: skip
+                names = {r["name"].split(" (")[0] for r in t["rows"]}
+                if not any(nm.startswith(row[how]) for nm in names):
+                    assert cells[f"{dtype}, {n:,}"][header] == "not run"
+                    continue
                 want = figures_data.median_text(_median(t, row[how], row[base]))
                 assert cells[f"{dtype}, {n:,}"][header] == want, (dtype, n, header)
                 checked.add(want)
-            assert len(checked) == 4  # a row's cells distinct: a swap cannot pass
+            assert len(checked) in (0, 4)  # a row's cells distinct: a swap cannot pass
 
 
 def test_the_step_and_compile_tables_put_each_ratio_under_its_header(monkeypatch):
