@@ -52,7 +52,6 @@ for _name in ("amax_study", "amax_study_f16", "amax_study_large", "amax_study_la
 # that is current again, so this list says exactly what is stale.
 _OLD = "recorded before results carried a dirty flag and their sources"
 STALE = {
-    "demo": _OLD,
     "transformer_lm": _OLD + "; written by a later script than its commit's (--json)",
     "transformer_lm_mean": _OLD,
     "transformer_lm_torch": _OLD + "; written by a later script than its commit's (--json)",
