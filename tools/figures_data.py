@@ -52,9 +52,6 @@ for _name in ("amax_study", "amax_study_f16", "amax_study_large", "amax_study_la
 # that is current again, so this list says exactly what is stale.
 _OLD = "recorded before results carried a dirty flag and their sources"
 STALE = {
-    "transformer_lm": _OLD + "; written by a later script than its commit's (--json)",
-    "transformer_lm_mean": _OLD,
-    "transformer_lm_torch": _OLD + "; written by a later script than its commit's (--json)",
     "readme_commands": _OLD + "; its commit predates its script, and the tests were counted then",
     "overflow_first": _OLD + "; it recorded no commit",
     "amax_study": _OLD + "; its header names 2c280ba, but three of its runs came from "
@@ -67,8 +64,6 @@ STALE = {
 # Results whose recorded commit could not have run their command (the test
 # lists them from git; each is in STALE).
 FLAGS_LATER = [
-    "transformer_lm: --json not in examples/transformer_lm.py at 388fc08",
-    "transformer_lm_torch: --json not in examples/transformer_lm_torch.py at 0b2df5e",
     "readme_commands: tools/time_readme_commands.py not in 80c3fa3",
 ]
 
