@@ -92,6 +92,8 @@ RECORDERS = {
     "demo": ["-m", "jax_amp_scale.demo", "--quiet", "--no-plot", "--json", "{json}"],
     "transformer_lm": ["examples/transformer_lm.py", "--check", "--out-dir", "{tmp}",
                        "--json", "{json}"],
+    "overflow_first": ["examples/overflow_first.py", "--cost-reps", "100", "--check",
+                       "--out", "{json}"],
     "transformer_lm_mean": ["examples/transformer_lm.py", "--global-batch-tokens", "2048",
                             "--modes", "float32,float16", "--out-dir", "{tmp}", "--json", "{json}"],
 }  # fmt: skip
@@ -101,11 +103,13 @@ def record(name: str) -> None:
     args = RECORDERS[name]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "out.json"
-        hidden = {"--json", "{json}", "--out-dir", "{tmp}"}
+        hidden = {"--json", "--out", "{json}", "--out-dir", "{tmp}"}
         info = provenance(shlex.join(["python", *(a for a in args if a not in hidden)]), name)
         cmd = [sys.executable, *(a.format(json=path, tmp=tmp) for a in args)]
         subprocess.run(cmd, check=True, cwd=ROOT)
         write_result(name, info, json.loads(path.read_text()))
+        if path.with_suffix(".md").exists():  # a report beside the figures (overflow_first)
+            (RESULTS / f"{name}.md").write_text(path.with_suffix(".md").read_text())
 
 
 def adopt(name: str, path: Path, started: Path) -> None:
