@@ -52,8 +52,8 @@ for _name in ("amax_study", "amax_study_f16", "amax_study_large", "amax_study_la
 # that is current again, so this list says exactly what is stale.
 _OLD = "recorded before results carried a dirty flag and their sources"
 STALE = {
-    "readme_commands": _OLD + "; its commit predates its script, and the tests were counted then",
-    "overflow_first": _OLD + "; it recorded no commit",
+    "readme_commands": _OLD + "; its commit predates its script, and the tests were counted "
+    "then (timing it again runs the whole suite in a fresh clone, not done on a shared machine)",
     "amax_study": _OLD + "; its header names 2c280ba, but three of its runs came from "
     "acaa123's script",
     "amax_study_f16": _OLD,
