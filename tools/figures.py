@@ -29,6 +29,7 @@ import argparse
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -74,11 +75,22 @@ def render(text: str) -> str:
     return BLOCK.sub(one, text)
 
 
+# Each picture and the results file it is drawn from: the benchmark's by
+# `write`, the others by the run that `record` makes (the same run as the data).
+PICTURES = {
+    ROOT / "bench" / "results-summary.png": "bench",
+    ROOT / "docs" / "_static" / "demo.png": "demo",
+    ROOT / "docs" / "_static" / "transformer_lm.png": "transformer_lm",
+}
+DRAWN_BY = {"demo": "demo.png", "transformer_lm": "transformer_lm.png"}  # in the run's {tmp}
+
+
 def stale_pictures() -> list[Path]:
-    """The pictures not drawn from the data as it is now (by the digest each one records)."""
-    want = f"{figures_bench.BENCH.name} {figures_bench.data_digest()}"
+    """The pictures not drawn from their results file as it is now (by the digest they record)."""
     return [
-        p for p in figures_bench.PICTURES if not p.exists() or figures_bench.drawn_from(p) != want
+        p
+        for p, name in PICTURES.items()
+        if figures_data.drawn_from(p) != figures_data.drawn_mark(name)
     ]
 
 
@@ -89,7 +101,7 @@ def stale_pictures() -> list[Path]:
 RECORDERS = {
     "readme_commands": ["tools/time_readme_commands.py", "--json", "{json}"],
     "transformer_lm_torch": ["examples/transformer_lm_torch.py", "--json", "{json}"],
-    "demo": ["-m", "jax_amp_scale.demo", "--quiet", "--no-plot", "--json", "{json}"],
+    "demo": ["-m", "jax_amp_scale.demo", "--quiet", "--out", "{tmp}/demo.png", "--json", "{json}"],
     "transformer_lm": ["examples/transformer_lm.py", "--check", "--out-dir", "{tmp}",
                        "--json", "{json}"],
     "overflow_first": ["examples/overflow_first.py", "--cost-reps", "100", "--check",
@@ -103,13 +115,19 @@ def record(name: str) -> None:
     args = RECORDERS[name]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "out.json"
-        hidden = {"--json", "--out", "{json}", "--out-dir", "{tmp}"}
-        info = provenance(shlex.join(["python", *(a for a in args if a not in hidden)]), name)
+        # The command as shown: without the scratch paths and the flags that take them.
+        shown = [a for a, b in zip(args, [*args[1:], ""], strict=True)
+                 if "{" not in a and not (a.startswith("--") and "{" in b)]  # fmt: skip
+        info = provenance(shlex.join(["python", *shown]), name)
         cmd = [sys.executable, *(a.format(json=path, tmp=tmp) for a in args)]
         subprocess.run(cmd, check=True, cwd=ROOT)
         write_result(name, info, json.loads(path.read_text()))
         if path.with_suffix(".md").exists():  # a report beside the figures (overflow_first)
             (RESULTS / f"{name}.md").write_text(path.with_suffix(".md").read_text())
+        for picture, of in PICTURES.items():
+            if of == name:
+                shutil.copyfile(Path(tmp) / DRAWN_BY[name], picture)
+                figures_data.stamp(picture, name)
 
 
 def adopt(name: str, path: Path, started: Path) -> None:
@@ -166,8 +184,12 @@ def main(argv: list[str] | None = None) -> int:
                     page.write_text(new)
         for pic in stale_pictures():
             stale.append(str(pic.relative_to(ROOT)))
-            if args.verb == "write":
+            if args.verb == "write" and PICTURES[pic] == "bench":
                 figures_bench.draw(figures(), pic)
+            elif args.verb == "write":
+                failed.append(
+                    f"{pic.relative_to(ROOT)}: python tools/figures.py record {PICTURES[pic]}"
+                )
         for name, p in entries().items():
             if (why := figures_data.stale(p)) and name not in STALE:
                 failed.append(f"{name}: stale ({why}): measure it again or list it in STALE")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import statistics
 from collections.abc import Callable
@@ -11,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from figures_data import (
-    BENCH,
-    ROOT,
     Fig,
     bench_runs,
+    drawn_mark,
     entries,
     machine,
     median_text,
@@ -315,19 +312,6 @@ BLOCKS: dict[str, Callable[[Figs], str]] = {
 
 # ---- the pictures -----------------------------------------------------------------
 
-PICTURES = {ROOT / "bench" / "results-summary.png": ("step", "compile")}
-
-
-def data_digest() -> str:
-    """What a picture records of the data it was drawn from."""
-    return hashlib.sha256(json.dumps(bench_runs(), sort_keys=True).encode()).hexdigest()[:16]
-
-
-def drawn_from(path: Path) -> str | None:
-    from PIL import Image
-
-    return Image.open(path).info.get("drawn from")
-
 
 def draw(f: Figs, path: Path) -> None:
     """Step ratios (the pages' paired medians) and compile times, from the same figures."""
@@ -361,5 +345,5 @@ def draw(f: Figs, path: Path) -> None:
                title=f"Compile time ({f['machine.bench.compile'].text})")  # fmt: skip
     bottom.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=100, metadata={"drawn from": f"{BENCH.name} {data_digest()}"})
+    fig.savefig(path, dpi=100, metadata={"drawn from": drawn_mark("bench")})
     plt.close(fig)

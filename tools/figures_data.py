@@ -10,6 +10,7 @@ since the recorded commit.  A run that is not current must be listed in
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import statistics
@@ -114,6 +115,30 @@ def provenance_of(d: dict[str, Any]) -> dict[str, Any]:
     load_avg = " ".join(f"{x:.2f}" for x in m["load average at start"])
     return {**m, "load average at start": load_avg, "command": d["command"],
             "date (UTC)": d["date"].removesuffix(" UTC")}  # fmt: skip
+
+
+# ---- pictures: each records the digest of the results file it was drawn from ----
+
+
+def drawn_mark(name: str) -> str:
+    """``NAME DIGEST``: what a picture drawn from results/NAME.json records."""
+    text = (RESULTS / f"{name}.json").read_bytes()
+    return f"{name} {hashlib.sha256(text).hexdigest()[:16]}"
+
+
+def drawn_from(path: Path) -> str | None:
+    from PIL import Image
+
+    return Image.open(path).info.get("drawn from") if path.exists() else None
+
+
+def stamp(path: Path, name: str) -> None:
+    """Marks the picture at `path` as drawn from results/NAME.json as it is now."""
+    from PIL import Image, PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("drawn from", drawn_mark(name))
+    Image.open(path).save(path, pnginfo=info)
 
 
 # ---- currency --------------------------------------------------------------------

@@ -369,12 +369,23 @@ def test_every_command_ran_with_flags_its_commit_had():
 
 
 def test_every_picture_is_drawn_from_the_data_as_it_is():
+    pytest.importorskip("PIL")  # matplotlib's (the demo, bench and docs extras)
     assert figures.stale_pictures() == []
 
 
 def test_a_picture_drawn_from_other_data_is_stale(monkeypatch):
-    monkeypatch.setattr(figures_bench, "data_digest", lambda: "0" * 16)
-    assert figures.stale_pictures() == list(figures_bench.PICTURES)
+    pytest.importorskip("PIL")
+    monkeypatch.setattr(figures_data, "drawn_mark", lambda name: f"{name} {'0' * 16}")
+    assert figures.stale_pictures() == list(figures.PICTURES)
+
+
+def test_a_stamp_records_the_results_file_it_was_drawn_from(tmp_path):
+    Image = pytest.importorskip("PIL.Image")
+
+    Image.new("RGB", (2, 2)).save(tmp_path / "p.png")
+    figures_data.stamp(tmp_path / "p.png", "demo")
+    assert figures_data.drawn_from(tmp_path / "p.png") == figures_data.drawn_mark("demo")
+    assert figures_data.drawn_mark("demo").startswith("demo ")
 
 
 # ---- numbers as text ------------------------------------------------------------------
