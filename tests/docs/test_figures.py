@@ -42,6 +42,7 @@ FIGURE = re.compile(
     r"|(?<![\w.])(?!3\.1\d\b)\d{1,3}\.\d{2,}(?![\w.]\d)"  # not a Python version
     r"|(?<![\w.])\d\.\d+e[+-]0\d\b"  # as Python prints one: 7.5e-04
     r"|(?<![\w.])\d[\d,]*\s(?:interleaved\s)?(?:repetitions|reps|compiles|passed|skipped|collected)\b"
+    r"|(?<![\w.])\d[\d,]*\sinterleaved\s\w+|\b\d[\d,]* to \d[\d,]* (?:parameter )?leaves\b"
     r"|\b\d+-core\b"
     r"|\bnot met\b|\bmet\b|\bmissed\b|\b(?:faster|slower) than\b"
 )
@@ -120,7 +121,8 @@ def test_results_md_tables_are_rendered_from_the_results_file(tmp_path):
     ["a step costs 0.78x the plain one", "eval loss 2.1807", "target **not met**",
      "it compiles in about 0.7 s", "3 minutes of install", "1.02 times the step",
      "a gap of +3.9%", "within its tolerance, 7.5e-04", "the pass costs 2.18 of it",
-     "30 interleaved steps, 60 repetitions", "1,350 passed, 21 skipped", "the median of 3 compiles",
+     "30 interleaved steps, 60 repetitions", "compile time, 10 to 10,000 parameter leaves",
+     "1,350 passed, 21 skipped", "the median of 3 compiles",
      "on a 2-core CPU VM", "it is faster than the plain step",
      "```{note}\nthe native call costs 155 ns\n```"],
 )  # fmt: skip
