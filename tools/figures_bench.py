@@ -180,12 +180,9 @@ def _operator(out: Figs) -> None:
     out["op.compile.reference_s"] = Fig(seconds_text(med["update_scale(reference), factors 2"]), src)  # fmt: skip
     inexact = med["update_scale(reference), factors 1.1"]
     out["op.compile.inexact_s"] = Fig(seconds_text(inexact), src)
-    out["op.compile.inexact_vs_trivial"] = Fig(f"{inexact / med['trivial']:.0f}x", src)
     for key, title in (("vmap", "vmap over 1024 states"), ("scan", "one state")):
         t, src, _ = _table("4. The operator", title)
         ratios = _paired(t, "ffi", "reference")
-        out[f"op.{key}.ffi_vs_reference"] = Fig(median_text(ratios), src)
-        out[f"op.{key}.ffi_speedup"] = Fig(median_text([1 / r for r in ratios]), src)
         out[f"op.{key}.ffi_verdict"] = Fig(verdict(ratios, "the reference"), src)
         for row in ("ffi", "reference"):
             us = statistics.median(_row(t, row)["times"]) * 1e6

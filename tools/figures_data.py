@@ -100,21 +100,11 @@ def entries() -> dict[str, dict[str, Any]]:
                           "sources": r.get("sources")} for w, r in bench_runs().items()}  # fmt: skip
     for path in sorted(RESULTS.glob("*.json")):
         if path != BENCH:
-            out[path.stem] = provenance_of(result(path.stem))
+            out[path.stem] = dict(result(path.stem)["provenance"])
     for name, p in out.items():
         if not p.get("sources"):
             p["sources"] = SOURCES[name] + [s for s in [script_of(p.get("command", ""))] if s]
     return out
-
-
-def provenance_of(d: dict[str, Any]) -> dict[str, Any]:
-    """A results file's provenance (overflow_first.json keeps its machine at the top)."""
-    if "provenance" in d:
-        return dict(d["provenance"])
-    m = d["machine"]
-    load_avg = " ".join(f"{x:.2f}" for x in m["load average at start"])
-    return {**m, "load average at start": load_avg, "command": d["command"],
-            "date (UTC)": d["date"].removesuffix(" UTC")}  # fmt: skip
 
 
 # ---- pictures: each records the digest of the results file it was drawn from ----

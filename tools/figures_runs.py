@@ -73,8 +73,7 @@ def _twin(out: Figs) -> None:
 
 
 def _overflow(out: Figs) -> None:
-    d, src = result("overflow_first"), "results/overflow_first.json"
-    d = d.get("data", d)  # recorded by figures.py record, or by the script itself
+    d, src = result("overflow_first")["data"], "results/overflow_first.json"
     c = d["excess_precision_check"]
     out["overflow.excess.compared"] = Fig(str(c["values_compared"]), src)
     out["overflow.excess.changed"] = Fig(str(len(c["changed"])), src)
