@@ -160,7 +160,8 @@ def stale(p: dict[str, Any], repo: Path = ROOT) -> str | None:
         return f"{commit}: no source paths recorded"
     if _git("merge-base", "--is-ancestor", commit, "HEAD", cwd=repo).returncode:
         return f"{commit}: not a commit of this history"
-    diff = _git("diff", "--name-only", commit, "--", *p["sources"], cwd=repo)
+    # Committed changes: a stale figure cannot land, and an edit in progress fails nothing yet.
+    diff = _git("diff", "--name-only", commit, "HEAD", "--", *p["sources"], cwd=repo)
     if changed := diff.stdout.split():
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
         return f"{commit}: changed since: {', '.join(changed[:3])}{more}"
