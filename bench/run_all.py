@@ -1,5 +1,7 @@
-"""Runs every workload, each in its own process, then writes RESULTS.md
-(between its markers), results.png, results-summary.png and results.json."""
+"""Runs every workload, each in its own process, then writes results/bench.json
+(each run with its commit, dirty flag, command, machine and sources) and the
+raw tables into bench/RESULTS.md (between its markers).  The figures, the
+targets and the picture come from that file through tools/figures.py."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from pathlib import Path
 import _harness
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tools"))
+import figures_data  # noqa: E402  (the sources each workload measures)
 
 WORKLOADS = {
     "step": "bench_step.py",
@@ -56,125 +60,20 @@ def run_workload(
     return out
 
 
-def _ours_rows(t: _harness.Table) -> list[_harness.Row]:
-    return [r for r in t.rows if r.name.startswith("ours")]
-
-
-def _row(t: _harness.Table, prefix: str) -> _harness.Row | None:
-    return next((r for r in t.rows if r.name.startswith(prefix)), None)
-
-
-def _met(ok: bool) -> str:
-    return f"**{'met' if ok else 'not met'}**"
-
-
-PASS_HEAD = (
-    "| gradient pass | % of copy (>= 80%) | / torch fused (<= 1.0) | jit floor / torch; above it "
-    "ours, torch (ms) | / bandwidth limit (<= 1.1) | in a program (ms), / torch (<= 1.0), "
-    "/ limit (<= 1.1) |\n|---|---:|---:|---:|---:|---:|"
-)
-
-
-def _pass_row(t: _harness.Table, ours: _harness.Row) -> str:
-    """Table 2's targets as one row: against the copy, torch's fused op and
-    the bandwidth limit, standalone and inside a program."""
-
-    def vs(x: float, base: _harness.Row, target: float) -> str:
-        r = x / base.median
-        return f"{r:.2f}x {'met' if r <= target else '**not met**'}"
-
-    dtype, n = t.title.split(" over ")
-    pct = 100.0 / (ours.ratio or math.inf)
-    prefixes = ("torch fused", "jit dispatch floor", "memory-bandwidth limit", "ours[auto] inside")
-    torch, floor, limit, inside = (_row(t, p) for p in prefixes)
-    ms = [(ours.median - floor.median) * 1e3, torch.median * 1e3] if torch and floor else []
-    copy = "no target" if n.startswith("10000") else "met" if pct >= 80 else "**missed**"
-    cells = [
-        f"{pct:.0f}% {copy}",
-        vs(ours.median, torch, 1.0) if torch else "",
-        f"{floor.median / torch.median:.2f}x; {ms[0]:.1f}, {ms[1]:.1f}" if ms else "",
-        vs(ours.median, limit, 1.1) if limit else "",
-    ]
-    if inside:
-        got = "".join(f", {vs(inside.median, r, g)}" for r, g in ((torch, 1.0), (limit, 1.1)) if r)
-        cells.append(f"{inside.median * 1e3:.1f}{got}")
-    return f"| {dtype.split()[-1]}, {n} | " + " | ".join(cells) + " |"
-
-
-def _step_lines(t: _harness.Table) -> list[str]:
-    """Workload 1's: ours against the plain step, the peers, the hand-written
-    skip and itself without host reports; torch's GradScaler against its plain step."""
-    ours, what = _ours_rows(t), t.title.split(", ")[-1]
-    default = _row(t, "ours loss_scaled[auto]")
-    if not ours or default is None:
-        return ["- Step overhead: the default step not measured."]
-    # The status is the default path's, as tools/figures.py computes it for the pages.
-    best = default
-    lines = [
-        f"- Step overhead <= 1.0x the plain step, {what}: {_met((default.ratio or math.inf) <= 1.0)} "
-        f"(the default, loss_scaled[auto]: {default.ratio:.3f}x the plain step)."
-    ]
-    mine = ("plain", "ours", "hand-written", "torch")
-    if peers := [r for r in t.rows if not r.name.startswith(mine)]:
-        peer = min(peers, key=lambda r: r.ratio or math.inf)
-        lines.append(
-            f"- No peer faster, {what}: {_met((best.ratio or 0) <= (peer.ratio or 0))} "
-            f"(fastest peer {peer.name}: {peer.ratio:.3f}x)."
-        )
-    prefixes = ("ours loss_scaled[auto]", "hand-written exact skip", "ours, no host reports")
-    auto, floor, quiet = (_row(t, p) for p in prefixes)
-    if auto and floor and auto.ratios and floor.ratios:
-        ratio = _harness.paired_ratio(auto, floor)
-        lines.append(
-            f"- Default step within 1% of the hand-written exact skip, {what}: "
-            f"{_met(ratio <= 1.01)} ({ratio:.3f}x)."
-        )
-    if auto and quiet:
-        ratio = _harness.paired_ratio(auto, quiet)
-        lines.append(
-            f"- The host reports' cost, {what}: the default step {ratio:.3f}x the step "
-            "without them."
-        )
-    plain, scaled = _row(t, "torch plain step"), _row(t, "torch GradScaler step")
-    if plain and scaled and auto and auto.ratio:
-        lines.append(
-            f"- Scaling's cost, {what}: ours {auto.ratio:.3f}x JAX's plain step, torch's "
-            f"GradScaler {_harness.paired_ratio(scaled, plain):.3f}x torch's plain step "
-            f"(torch's plain step {plain.median / t.rows[0].median:.2f}x JAX's)."
-        )
-    return lines
-
-
-def _compile_lines(t: _harness.Table, same: list[_harness.Table]) -> list[str]:
-    """Workload 3's: ours within 1.3x of plain at each size; after a model's
-    last size, the growth exponents of all its sizes; the sizes not run."""
+def notes(tables: list[_harness.Table]) -> list[str]:
+    """Workload 3's growth exponents per model and the sizes not run.  The
+    verdicts are tools/figures.py's, on the figures blocks below the tables."""
     lines = []
-    if ours := _ours_rows(t):
-        worst = max(ours, key=lambda r: r.ratio or 0)
-        rest = "".join(f"; {r.name} {r.ratio:.2f}x" for r in ours if r is not worst)
-        lines.append(
-            f"- Compile time within 1.3x of plain, {t.title}: "
-            f"{_met((worst.ratio or math.inf) <= 1.3)} (worst of ours {worst.ratio:.2f}x{rest})."
-        )
-    if t is same[-1]:
-        cols = [c for u in same for k, c in u.columns.items() if k.startswith("growth exponent")]
-        growth = {k: v for c in cols for k, v in c.items() if v}
-        g = "; ".join(f"{k} ({v})" for k, v in growth.items())
-        lines.append(f"- {t.workload}, growth exponent (1 = linear): {g}.")
-    return lines + [f"- {t.workload}, {t.title}: {n}." for n in t.notes if n.startswith("not run")]
-
-
-def targets(tables: list[_harness.Table]) -> list[str]:
-    """One line per target, met or not met, with the numbers; table 2's as a table."""
-    lines, passes = [], []
     for t in tables:
-        if t.workload == "1. Step overhead":
-            lines += _step_lines(t)
-        elif t.workload == "2. One pass over the gradients" and (ours := _ours_rows(t)):
-            passes.append(_pass_row(t, ours[0]))
-        elif t.workload.startswith("3. Compile time"):
-            lines += _compile_lines(t, [u for u in tables if u.workload == t.workload])
-    return lines + (["", PASS_HEAD, *passes] if passes else [])
+        same = [u for u in tables if u.workload == t.workload]
+        if not t.workload.startswith("3. Compile time"):
+            continue
+        if t is same[-1]:
+            cols = [c for u in same for k, c in u.columns.items() if k.startswith("growth")]
+            g = "; ".join(f"{k} ({v})" for c in cols for k, v in c.items() if v)
+            lines.append(f"- {t.workload}, growth exponent (1 = linear): {g}.")
+        lines += [f"- {t.workload}, {t.title}: {n}." for n in t.notes if n.startswith("not run")]
+    return lines
 
 
 def write_markdown(path: Path, header: str, body: str) -> None:
@@ -187,63 +86,12 @@ def write_markdown(path: Path, header: str, body: str) -> None:
         path.write_text("# Benchmark results\n\n" + generated)
 
 
-def plot(tables: list[_harness.Table], path: Path, workloads: tuple[str, ...] = ("",)) -> None:
-    """One panel per workload whose name starts with one of `workloads`: each
-    candidate's median ratio to its table's baseline as a bar from 0 on a
-    linear axis, a bar per table; compile time against the leaf count."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    by: dict[str, list[_harness.Table]] = {}
-    for t in (t for t in tables if t.workload.startswith(workloads)):
-        by.setdefault(t.workload, []).append(t)
-    if not by:
-        return
-    names = {w: list(dict.fromkeys(r.name for t in ts for r in t.rows)) for w, ts in by.items()}
-    heights = [0.32 * len(n) + 1.9 for n in names.values()]
-    fig, axes = plt.subplots(len(by), 1, figsize=(10, sum(heights)), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})  # fmt: skip
-    for ax, (w, ts) in zip(axes[:, 0], by.items(), strict=True):
-        ax.set_title(w.split(". ", 1)[-1], fontsize=10, loc="left")  # no workload number
-        if w.startswith("3. Compile time"):
-            leaves = {t.title: int(t.title.split(", ")[1].split()[0]) for t in ts}
-            for n in names[w]:
-                pts = [(leaves[t.title], r.median) for t in ts for r in t.rows if r.name == n]
-                ax.loglog(*zip(*pts, strict=True), marker="o", label=n)
-            ticks = sorted(set(leaves.values()))
-            ax.set_xticks(ticks, [f"{n:,}" for n in ticks])
-            ax.set(xlabel="parameter leaves", ylabel="trace + compile (s)")
-            ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=7)
-            continue
-        names[w] = [n for n in names[w] if n != ts[0].baseline]
-        for k, t in enumerate(ts):
-            got = {r.name: r.ratio for r in t.rows if r.ratio}
-            ys = [i + (k + 0.5) / len(ts) - 0.5 for i, n in enumerate(names[w]) if n in got]
-            xs = [got[n] for n in names[w] if n in got]
-            ax.barh(ys, xs, height=0.8 / len(ts), label=t.title[:70], color=f"C{k}")
-            for x, y in zip(xs, ys, strict=True):
-                ax.text(x, y, f" {x:.2f}", va="center", fontsize=6)
-        # The row names without their parenthesised detail (the tables keep it).
-        labels = [n.split(" (")[0][:50] for n in names[w]]
-        ax.set_yticks(range(len(names[w])), labels, fontsize=7)
-        ax.set(ylim=(len(names[w]) - 0.5, -0.5), xlabel="median time ratio to the baseline")
-        ax.set_xlim(0, max(r.ratio or 0 for t in ts for r in t.rows) * 1.15)
-        ax.axvline(1.0, color="k", lw=0.8)
-        ax.grid(alpha=0.3, axis="x")
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="tiny sizes (smoke)")
     ap.add_argument("--only", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
-    ap.add_argument("--out", default=str(HERE), help="folder for RESULTS.md and the plots")
+    ap.add_argument("--out", default=str(HERE), help="folder for RESULTS.md")
+    ap.add_argument("--results", default=str(figures_data.BENCH), help="the results file")
     ap.add_argument("--args", action="append", default=[], metavar="WORKLOAD=ARGS")
     ap.add_argument("--timeout-s", type=float, help="per workload; exit status 3 if one is cut")
     ap.add_argument("--render", action="store_true", help="run nothing: render results.json")
@@ -259,13 +107,18 @@ def main(argv: list[str] | None = None) -> None:
     # workload -> its run; with --only, the others' last results are kept.
     runs: dict[str, dict] = {}
     me = shlex.join(["python", "bench/run_all.py", *(sys.argv[1:] if argv is None else argv)])
-    if args.render or (set(args.only) != set(WORKLOADS) and (out / "results.json").exists()):
-        runs = json.loads((out / "results.json").read_text())["runs"]
+    results = Path(args.results)
+    if args.render or (set(args.only) != set(WORKLOADS) and results.exists()):
+        runs = json.loads(results.read_text())["runs"]
     with tempfile.TemporaryDirectory() as tmp:
         for w in [] if args.render else args.only:
+            sources = [*figures_data.SOURCES[f"bench:{w}"], f"bench/{WORKLOADS[w]}"]
+            dirty = bool(figures_data._git("status", "--porcelain", "--", *sources).stdout.strip())
             res = run_workload(WORKLOADS[w], extra[w], Path(tmp) / f"{w}.json", args.timeout_s)
             command = shlex.join(["python", f"bench/{WORKLOADS[w]}", *extra[w]])
-            runs[w] = {"command": command, "via": me, "sections": res.get("sections", [])}
+            runs[w] = {"command": command, "via": me, "sections": res.get("sections", []),
+                       "sources": sources}  # fmt: skip
+            res["machine"]["dirty"] = dirty
             runs[w] |= {k: res[k] for k in ("cut", "wall_s", "machine", "tables")}
     order = [w for w in WORKLOADS if w in runs]
     tables = [_harness.Table.from_json(t) for w in order for t in runs[w]["tables"]]
@@ -287,15 +140,12 @@ def main(argv: list[str] | None = None) -> None:
     header = [
         *["## Run", "", "Each workload ran in its own process:", "", *ran, ""],
         *["Machine and versions (of the latest of these runs):", machine_md],
-        *["## Targets", "", *verdicts, *targets(tables), "", "## Tables", ""],
+        *["## Notes", "", *verdicts, *notes(tables), "", "## Tables", ""],
     ]
     body = "\n".join([*(s["markdown"] for s in sections), _harness.tables_markdown(tables)])
-    write_markdown(out / "RESULTS.md", "\n".join(header), body + "\n![results](results.png)\n\n")
-    (out / "results.json").write_text(json.dumps({"runs": runs}, indent=1))
-    plot(tables, out / "results.png")
-    # The front page's picture (README.md): step overhead and compile time.
-    plot(tables, out / "results-summary.png", ("1. Step overhead", "3. Compile time"))
-    print(f"wrote {out / 'RESULTS.md'} and the plots")
+    write_markdown(out / "RESULTS.md", "\n".join(header), body + "\n")
+    results.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    print(f"wrote {results} and {out / 'RESULTS.md'} (then: python tools/figures.py write)")
     if not args.render and any(runs[w].get("cut") for w in args.only):
         sys.exit(3)
 

@@ -1,7 +1,7 @@
 """Which float16 tensor of the backward pass overflows first as the loss scale grows (issue 45).
 
     python examples/overflow_first.py [--train-steps 0,300] [--max-log2 30]
-        [--cost-reps 40] [--check] [--out examples/results/overflow_first.json]
+        [--cost-reps 40] [--check] [--out results/overflow_first.json]
 
 On fixed weights (initialisation, and after ``--train-steps`` float32 adam
 steps of ``transformer_lm.py``'s own training), for two models built from
@@ -60,7 +60,7 @@ machine, the command, the date) and the tables beside it (``.md``).
 equal the float16 gradients, (d) sets a scale below the first overflow and
 the same one from scale 1, and the excess-precision rerun changed nothing.
 
-Measured (examples/results/overflow_first.md, seed 0, jax 0.10.2, XLA:CPU):
+Measured (results/overflow_first.md, seed 0, jax 0.10.2, XLA:CPU):
 what overflows first is not an activation cotangent but a float16
 parameter gradient: the bias-gradient sums of the residual projections
 (sums over the batch's 2048 tokens) and the head's weight gradient, at
@@ -692,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--cost-only", action="store_true", help="only the watches' cost (--out gets it alone)"
     )
-    p.add_argument("--out", type=Path, default=Path("examples/results/overflow_first.json"))
+    p.add_argument("--out", type=Path, default=Path("results/overflow_first.json"))
     args = p.parse_args(argv)
     started = machine()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -2,7 +2,7 @@
 // bind it: JasUpdateScaleAscend (ffi/ascend.cc, the device stream) and the
 // CPU test binding built only for the tests
 // (tests/native/ascend_testing_module.cc, a null stream against the CANN
-// test double).  Both reach it through handler_common.h's UpdateScaleFfi, so
+// test double).  Both reach it through update_scale_ffi.h's UpdateScaleFfi, so
 // the tests run the production checks and dispatch.
 #ifndef JAX_AMP_SCALE_FFI_ASCEND_H_
 #define JAX_AMP_SCALE_FFI_ASCEND_H_
@@ -11,8 +11,7 @@
 #include <utility>
 
 #include "cann_abi.h"
-#include "handler_common.h"
-#include "update_scale.h"
+#include "update_scale_ffi.h"
 
 namespace jas {
 

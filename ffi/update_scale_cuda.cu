@@ -8,8 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "handler_common.h"
-#include "update_scale.h"
+#include "update_scale_ffi.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jas {

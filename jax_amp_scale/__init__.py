@@ -11,13 +11,9 @@ import importlib as _importlib
 
 from jax_amp_scale._version import __version__ as __version__
 from jax_amp_scale.mechanisms.handlers import auto_backend, available_backends
+from jax_amp_scale.operators.scale_state import ScaleState, init_scale_state
 from jax_amp_scale.operators.unscale_and_check import all_finite
-from jax_amp_scale.operators.update_scale import (
-    ScaleState,
-    amp_update_scale,
-    init_scale_state,
-    update_scale,
-)
+from jax_amp_scale.operators.update_scale import amp_update_scale, update_scale
 from jax_amp_scale.policy import Policy, get_policy
 from jax_amp_scale.training.amax_scaler import AmaxScaler, amax_scaler
 from jax_amp_scale.training.scalers import (

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_amp_scale.mechanisms.floats import is_float_leaf
+from jax_amp_scale.operators.scale_state import check_dtype
 from jax_amp_scale.operators.unscale_and_check import PyTree
-from jax_amp_scale.operators.update_scale import check_dtype
 from jax_amp_scale.training import scalers
 from jax_amp_scale.training.scaling import key_name
 

@@ -9,8 +9,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jax_amp_scale.operators.scale_state import check_bool, check_int
 from jax_amp_scale.operators.unscale_and_check import PyTree
-from jax_amp_scale.operators.update_scale import check_bool
 from jax_amp_scale.policy import Policy
 from jax_amp_scale.training import replicas, scaling
 from jax_amp_scale.training.amax_scaler import AmaxScaler
@@ -78,7 +78,7 @@ class Trainer:
             ) from e
         if policy is not None and not isinstance(policy, Policy):
             raise TypeError(f"policy must be a Policy or None, got {type(policy).__name__}")
-        k = ls.positive_int(accumulate, "accumulate")
+        k = check_int(accumulate, "accumulate", 1, None)
         if isinstance(optimizer, ls.LossScaled):
             if scaler is not None or k != 1:
                 raise ValueError(

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_amp_scale.operators.scale_state import INT32_MAX, ScaleState, init_scale_state
 from jax_amp_scale.operators.unscale_and_check import PyTree
-from jax_amp_scale.operators.update_scale import INT32_MAX, ScaleState, init_scale_state
 from jax_amp_scale.training.scaling import find_scale_state, key_name
 
 __all__ = [

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import numbers
 from collections.abc import Hashable
 from typing import Any
 
@@ -18,8 +17,8 @@ import numpy as np
 from jax_amp_scale.mechanisms.floats import is_float_leaf
 from jax_amp_scale.mechanisms.handlers import Backend, check_backend
 from jax_amp_scale.operators import unscale_and_check as gradient_pass
+from jax_amp_scale.operators.scale_state import INT32_MAX, ScaleState, check_factor, check_int
 from jax_amp_scale.operators.unscale_and_check import PyTree
-from jax_amp_scale.operators.update_scale import INT32_MAX, ScaleState, check_factor
 from jax_amp_scale.training.scalers import ScalerBase, fixed_state, found_flag, register_scaler
 
 # AmaxScaler's reason codes (its ``reason`` leaf).
@@ -272,12 +271,6 @@ def _log2_exact(value: float) -> int:
     return e - 1  # value is a checked power of two: m == 0.5
 
 
-def _int_in(value: Any, name: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be an int in [{lo}, {hi}], got {value!r}")
-    return int(value)
-
-
 def _power_of_two(value: Any, name: str) -> float:
     v = check_factor(value, name)
     m, e = math.frexp(v)
@@ -344,8 +337,11 @@ def amax_scaler(
         with the gradients' structure (checked at trace time): only the leaves marked True
         (the float16-path ones) set it.  ``found_inf`` still checks every leaf.
     """
-    m, k = _int_in(margin, "margin", 0, 24), _int_in(micro_batches, "micro_batches", 1, INT32_MAX)
-    interval = _int_in(growth_interval, "growth_interval", 1, INT32_MAX)
+    m, k = (
+        check_int(margin, "margin", 0, 24),
+        check_int(micro_batches, "micro_batches", 1, INT32_MAX),
+    )
+    interval = check_int(growth_interval, "growth_interval", 1, INT32_MAX)
     lo, hi, init = _checked_scales(min_scale, max_scale, init_scale)
     name, paths = _compute_dtype_name(compute_dtype), _leaf_paths(per_leaf)
     fresh = _fresh(init, m, k, lo, hi, interval, name, paths, drop_overflow_update)

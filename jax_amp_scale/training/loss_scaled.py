@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import numbers
 import sys
 from collections.abc import Hashable
 from types import FrameType
@@ -24,8 +23,8 @@ import optax
 from jax_amp_scale.mechanisms.floats import float32_bits, is_float_leaf
 from jax_amp_scale.mechanisms.handlers import Backend, check_backend
 from jax_amp_scale.operators.host_report import host_report
+from jax_amp_scale.operators.scale_state import ScaleState, check_bool, check_int, found_to_bool
 from jax_amp_scale.operators.unscale_and_check import all_finite
-from jax_amp_scale.operators.update_scale import ScaleState, check_bool, found_to_bool
 from jax_amp_scale.training import replicas, reports, scalers, serialization
 from jax_amp_scale.training.scaling import instances
 
@@ -152,12 +151,6 @@ def zeros_where(flag: Any, tree: Any) -> Any:
         return select(flag, zeros[key], u)
 
     return jax.tree_util.tree_map(one, tree)
-
-
-def positive_int(value: Any, name: str, allowed: str = "an int >= 1") -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
-    return int(value)
 
 
 def unaliased(tree: Any, *taken: Any) -> Any:
@@ -335,7 +328,7 @@ class _Step:
         scaler = scalers.as_scaler(scaler)
         limit = max_consecutive_overflows
         if limit is not None:
-            limit = positive_int(limit, "max_consecutive_overflows", "an int >= 1 or None")
+            limit = check_int(limit, "max_consecutive_overflows", 1, None, "an int >= 1 or None")
         skip_nonfinite = skip_nonfinite_updates
         if skip_nonfinite is not None:
             skip_nonfinite = check_bool(skip_nonfinite, "skip_nonfinite_updates")

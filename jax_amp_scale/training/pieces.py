@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import optax
 
 from jax_amp_scale.mechanisms.floats import is_float_leaf, widened
+from jax_amp_scale.operators.scale_state import check_int
 from jax_amp_scale.training import scaling, serialization
-from jax_amp_scale.training.loss_scaled import LossScaled, positive_int, strongly_typed, typed_as
+from jax_amp_scale.training.loss_scaled import LossScaled, strongly_typed, typed_as
 
 
 @serialization.register_namedtuple
@@ -106,9 +107,10 @@ def accumulate_gradients(
         ``loss_scaled(...)`` (a ``TypeError`` if it is not an optax
         ``GradientTransformation``).
       k: calls (micro-batches) per window, an int >= 1 (a ``ValueError``
-        otherwise); with 1, every call is an optimizer step.
+        for one below, a ``TypeError`` for what is not an int); with 1, every
+        call is an optimizer step.
     """
-    k_ = positive_int(k, "k")
+    k_ = check_int(k, "k", 1, None)
     if not isinstance(inner, optax.GradientTransformation):
         raise TypeError(
             f"inner must be an optax GradientTransformation, got {type(inner).__name__}"

@@ -15,8 +15,8 @@ from typing import Any
 import jax
 
 from jax_amp_scale.mechanisms.custom_call import varying_axes
+from jax_amp_scale.operators.scale_state import or_across
 from jax_amp_scale.operators.unscale_and_check import PyTree
-from jax_amp_scale.operators.update_scale import or_across
 
 __all__ = ["mean_gradients", "or_across"]
 

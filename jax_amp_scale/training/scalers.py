@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 import warnings
 from collections.abc import Hashable
 from typing import Any, NoReturn, Protocol, TypeVar, runtime_checkable
@@ -22,8 +21,7 @@ import numpy as np
 
 from jax_amp_scale.mechanisms.handlers import Backend
 from jax_amp_scale.operators import unscale_and_check as gradient_pass
-from jax_amp_scale.operators.unscale_and_check import PyTree
-from jax_amp_scale.operators.update_scale import (
+from jax_amp_scale.operators.scale_state import (
     DEFAULT_BACKOFF_FACTOR,
     DEFAULT_GROWTH_FACTOR,
     DEFAULT_GROWTH_INTERVAL,
@@ -34,12 +32,14 @@ from jax_amp_scale.operators.update_scale import (
     check_bool,
     check_dtype,
     check_factor,
+    check_int,
     checked_once,
     found_to_bool,
     init_scale_state,
     or_across,
-    update_scale,
 )
+from jax_amp_scale.operators.unscale_and_check import PyTree
+from jax_amp_scale.operators.update_scale import update_scale
 from jax_amp_scale.training import scaling, serialization
 
 _Fixed = TypeVar("_Fixed", bound="ScalerBase")  # typing.Self is 3.11+
@@ -281,11 +281,7 @@ def _check_bounds(
         )
     if hi is not None and dtype is not None and hi > float(jnp.finfo(dtype).max):
         raise ValueError(f"max_scale={hi} is not finite in {jnp.dtype(dtype)}")
-    if isinstance(hysteresis, bool) or not isinstance(hysteresis, numbers.Integral):
-        raise TypeError(f"hysteresis must be an int >= 1, got {hysteresis!r}")
-    if not 1 <= int(hysteresis) <= INT32_MAX:
-        raise ValueError(f"hysteresis must be an int in [1, {INT32_MAX}], got {hysteresis}")
-    return lo, hi, int(hysteresis)
+    return lo, hi, check_int(hysteresis, "hysteresis")
 
 
 def _warn_direction(state: ScaleState, growth_factor: Any, backoff_factor: Any) -> None:

@@ -20,8 +20,8 @@ from jax_amp_scale.mechanisms.floats import compute_dtype, inverse_scale, is_flo
 from jax_amp_scale.mechanisms.handlers import Backend
 from jax_amp_scale.operators import float_status
 from jax_amp_scale.operators import unscale_and_check as gradient_pass
+from jax_amp_scale.operators.scale_state import ScaleState, or_across
 from jax_amp_scale.operators.unscale_and_check import PyTree, leaf_finite, unscale_leaf
-from jax_amp_scale.operators.update_scale import ScaleState, or_across
 
 T = TypeVar("T")
 

@@ -23,6 +23,7 @@ import numpy as np
 from jax.custom_batching import custom_vmap
 
 from jax_amp_scale.mechanisms.custom_call import varying_axes
+from jax_amp_scale.operators.scale_state import check_dtype
 
 __all__ = ["watch_amax", "watch_probes"]
 
@@ -93,7 +94,17 @@ def watch_amax(x: Any, probe: Any, *, dtype: Any = None) -> jax.Array:
     """
     x = _check_x(x)
     probe = _check_probe(probe)
-    out = x.dtype if dtype is None else _check_dtype(dtype)
+    out = (
+        x.dtype
+        if dtype is None
+        else check_dtype(
+            dtype,
+            "watch_amax: dtype",
+            _FLOATS,
+            "None or a floating dtype (float16, bfloat16, float32 or float64)",
+            ValueError,
+        )
+    )
     return _watch(x.dtype, out)(x, probe)
 
 
@@ -127,19 +138,6 @@ def _check_probe(probe: Any) -> jax.Array:
             f"takes as an argument (say watch_probes(n)[i]); got {got}"
         )
     return jnp.asarray(probe)
-
-
-def _check_dtype(dtype: Any) -> np.dtype:
-    try:
-        dt = jnp.dtype(dtype)
-    except TypeError:
-        dt = None
-    if dt not in _FLOATS:
-        raise ValueError(
-            "watch_amax: dtype must be None or a floating dtype (float16, bfloat16, float32 "
-            f"or float64), got {dtype!r}"
-        )
-    return dt
 
 
 @functools.cache

@@ -25,10 +25,10 @@ def call(scale=None, tracker=None, found=False, backend="reference", **overrides
 @pytest.mark.parametrize(
     "value, exc, match",
     [
-        (0, ValueError, r"growth_interval must lie in \[1, 2147483647\]"),
+        (0, ValueError, r"growth_interval must be an int in \[1, 2147483647\]"),
         (-3, ValueError, "growth_interval"),
         (2**31, ValueError, "growth_interval"),
-        (2.0, TypeError, "growth_interval must be an integer"),
+        (2.0, TypeError, "growth_interval must be an int in"),
         (True, TypeError, "growth_interval"),
         ("10", TypeError, "growth_interval"),
         (jnp.int32(5), TypeError, "growth_interval must be a Python int"),

@@ -619,12 +619,12 @@ def test_loss_scaled_bad_options(kwargs, err, match):
 
 @pytest.mark.parametrize(
     "k, err, match",
-    [(0, ValueError, "k must be an int >= 1"), (2.0, ValueError, "k must be an int >= 1")],
+    [(0, ValueError, "k must be an int >= 1"), (2.0, TypeError, "k must be an int >= 1")],
 )
 def test_accumulate_bad_k(k, err, match):
     with pytest.raises(err, match=match):
         accumulate_gradients(loss_scaled(optax.sgd(1.0)), k)
-    with pytest.raises(ValueError, match="accumulate must be an int >= 1"):
+    with pytest.raises(err, match="accumulate must be an int >= 1"):
         jas.Trainer(optax.sgd(1.0), accumulate=k)
 
 

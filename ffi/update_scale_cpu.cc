@@ -3,8 +3,7 @@
 // are handler_common.h's; the rule is update_scale.h's.
 #include <cstdint>
 
-#include "handler_common.h"
-#include "update_scale.h"
+#include "update_scale_ffi.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jas {
