@@ -108,6 +108,7 @@ RECORDERS = {
                        "--out", "{json}"],
     "transformer_lm_mean": ["examples/transformer_lm.py", "--global-batch-tokens", "2048",
                             "--modes", "float32,float16", "--out-dir", "{tmp}", "--json", "{json}"],
+    "amax_search": ["-m", "tests._amax_search", "--json", "{json}"],
 }  # fmt: skip
 
 

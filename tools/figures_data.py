@@ -44,6 +44,7 @@ SOURCES = {
     "readme_commands": ["tools/time_readme_commands.py", "README.md", "pyproject.toml",
                         "tests", "jax_amp_scale", "ffi"],
     "overflow_first": ["examples/overflow_first.py", "examples/transformer_lm.py", *PACKAGE],
+    "amax_search": ["tests/_amax_search.py", *PACKAGE],
 }  # fmt: skip
 for _name in ("amax_study", "amax_study_f16", "amax_study_large", "amax_study_large_lr2e-3"):
     SOURCES[_name] = ["examples/amax_scaler_study.py", "examples/transformer_lm.py", *PACKAGE]
