@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, under 8 minutes on an NVIDIA machine: the CUDA build and
 # tests, bits against torch's CUDA kernels, the gradient pass, the step and
-# the transformer example beside torch; writes bench/RESULTS-gpu.md,
-# results-gpu.json and results-gpu.png (logs in bench/gpu/, copied to $OUT).
+# the transformer example beside torch; writes bench/RESULTS-gpu.md and
+# results/gpu/bench.json (logs in bench/gpu/, copied to $OUT).
 #
 #   bash bench/gpu_wheels.sh            # first, where there is a network
 #   bash bench/gpu_check.sh [--dry-run] # --dry-run: tiny, on a CPU, in bench/gpu-dry/
@@ -102,7 +102,7 @@ workload() {  # workload NAME SECONDS ARGS...: one run_all.py workload
   local w="$1" t="$2" left=$((BUDGET_S - ($(date +%s) - START)))
   shift 2
   t=$((t < left ? t : left))
-  stage "$w" "$t" "$PYTHON" bench/run_all.py "${SIZE[@]}" --out "$RUN" --only "$w" \
+  stage "$w" "$t" "$PYTHON" bench/run_all.py "${SIZE[@]}" --out "$RUN" --results "$RUN/results.json" --only "$w" \
     --timeout-s $((t - 15)) --args "$w=$*"
 }
 workload exact 90 "${EXACT[@]}"
@@ -127,13 +127,13 @@ if [[ -f "$RUN/RESULTS.md" && -f "$RUN/transformer/transformer_lm.md" ]]; then
   cat "$RUN/transformer/transformer_lm.md" >>"$RUN/RESULTS.md"
 fi
 if [[ -f "$RUN/RESULTS.md" && $DRY == 0 ]]; then
-  for f in RESULTS.md results.json results.png; do cp "$RUN/$f" "bench/${f/./-gpu.}"; done
-  say "wrote bench/RESULTS-gpu.md, bench/results-gpu.json, bench/results-gpu.png"
+  mkdir -p results/gpu && cp "$RUN/results.json" results/gpu/bench.json && cp "$RUN/RESULTS.md" bench/RESULTS-gpu.md
+  say "wrote bench/RESULTS-gpu.md and results/gpu/bench.json"
 elif [[ $DRY == 1 ]]; then
   say "dry run: results in $RUN/ (not copied beside the CPU ones)"
 fi
 if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
-  cp -r "$RUN" "$OUT/" && cp bench/RESULTS-gpu.md bench/results-gpu.* "$OUT/" 2>/dev/null
+  cp -r "$RUN" "$OUT/" && cp bench/RESULTS-gpu.md results/gpu/bench.json "$OUT/" 2>/dev/null
   say "copied the results to \$OUT"
 fi
 

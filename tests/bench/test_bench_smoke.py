@@ -250,10 +250,8 @@ def test_step_beside_torch_and_the_hand_written_skip():
     torch_rows = [n for n in names if n.startswith("torch")]
     assert [n.split(" (")[0] for n in torch_rows] == ["torch plain step", "torch GradScaler step"]
     assert set(t.columns["ratio to torch plain"]) == set(torch_rows)
-    lines = _run_all().targets([t])
-    assert any(line.startswith("- Default step within 1% of the hand-written") for line in lines)
-    assert any(line.startswith("- Scaling's cost, float16 compute: ours") for line in lines)
-    assert any(line.startswith("- The host reports' cost, float16 compute:") for line in lines)
+    # No verdict of run_all's own: the pages' come from tools/figures.py.
+    assert _run_all().notes([t]) == []
 
 
 def test_reports_written(suite):

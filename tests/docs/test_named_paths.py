@@ -26,8 +26,7 @@ INSIDE = ("mechanisms", "operators", "training", "interop")
 # before they exist.
 WRITTEN = {
     "bench/RESULTS-gpu.md",
-    "bench/results-gpu.json",
-    "bench/results-gpu.png",
+    "results/gpu/bench.json",
     "bench/gpu/log.txt",
 }
 PATH = re.compile(
