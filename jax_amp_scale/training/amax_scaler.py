@@ -17,7 +17,7 @@ import numpy as np
 from jax_amp_scale.mechanisms.floats import is_float_leaf
 from jax_amp_scale.mechanisms.handlers import Backend, check_backend
 from jax_amp_scale.operators import unscale_and_check as gradient_pass
-from jax_amp_scale.operators.scale_state import INT32_MAX, ScaleState, check_factor, check_int
+from jax_amp_scale.operators.scale_state import ScaleState, check_factor, check_int
 from jax_amp_scale.operators.unscale_and_check import PyTree
 from jax_amp_scale.training.scalers import ScalerBase, fixed_state, found_flag, register_scaler
 
@@ -337,11 +337,8 @@ def amax_scaler(
         with the gradients' structure (checked at trace time): only the leaves marked True
         (the float16-path ones) set it.  ``found_inf`` still checks every leaf.
     """
-    m, k = (
-        check_int(margin, "margin", 0, 24),
-        check_int(micro_batches, "micro_batches", 1, INT32_MAX),
-    )
-    interval = check_int(growth_interval, "growth_interval", 1, INT32_MAX)
+    m, k = check_int(margin, "margin", 0, 24), check_int(micro_batches, "micro_batches")
+    interval = check_int(growth_interval, "growth_interval")
     lo, hi, init = _checked_scales(min_scale, max_scale, init_scale)
     name, paths = _compute_dtype_name(compute_dtype), _leaf_paths(per_leaf)
     fresh = _fresh(init, m, k, lo, hi, interval, name, paths, drop_overflow_update)

@@ -72,10 +72,9 @@ def watch_amax(x: Any, probe: Any, *, dtype: Any = None) -> jax.Array:
     backward pass again (grad of grad) sees the cotangent's path; the amax
     is a statistic, with zero derivative.  Forward-mode (``jax.jvp``) is not
     supported (a ``custom_vjp``).  Give each probe to one watch: the gradient
-    of a probe used twice is the sum of their amaxes, and so is that of a
-    probe shared by the iterations of ``lax.scan`` (JAX adds a constant's
-    cotangents over the iterations): under ``scan``, pass the probes as
-    ``xs``, one per iteration, and take the max of their gradients.
+    of a probe used twice is the sum of their amaxes, as is a probe shared
+    by ``lax.scan``'s iterations: pass one per iteration, as ``xs``, and
+    take the max of their gradients.
 
     Args:
       x: a floating array (float16, bfloat16, float32 or float64).

@@ -250,4 +250,4 @@ def test_under_scan_one_probe_per_iteration_gives_each_amax():
     g = jax.grad(scaled)(jas.watch_probes(3))
     np.testing.assert_array_equal(g, [6.0, 3.0, 4.0])
     assert float(jnp.max(g)) == 6.0
-    assert "pass the probes as" in " ".join(jas.watch_amax.__doc__.split())
+    assert "pass one per iteration, as ``xs``" in " ".join(jas.watch_amax.__doc__.split())
