@@ -79,6 +79,18 @@ def _overflow(out: Figs) -> None:
     out["overflow.excess.changed"] = Fig(str(len(c["changed"])), src)
 
 
+def _search(out: Figs) -> None:
+    d, src = result("amax_search")["data"]["summary"], "results/amax_search.json"
+    kept = d["models"] - d["twin_diverged"]
+    for key, value in [("models", d["models"]), ("structures", d["structures"]),
+                       ("steps", d["steps"]), ("kept", kept), ("diverged", d["twin_diverged"]),
+                       ("amax_more", d["amax_more"]), ("fewer", d["amax_fewer"]),
+                       ("equal", d["equal"]), ("skips.amax", d["skips_amax"]),
+                       ("skips.dynamic", d["skips_dynamic"]),
+                       ("diverged_more", d["amax_more_where_twin_diverged"])]:  # fmt: skip
+        out[f"search.{key}"] = Fig(f"{value:,}", src)
+
+
 # ---- the amax studies ------------------------------------------------------------
 
 # figure prefix -> the study's results file: the transformer example (float32
@@ -281,7 +293,7 @@ for _prefix, _parts in _SHOWN.items():
 
 
 def figures(out: Figs) -> None:
-    groups = [_demo, _transformer, _twin, _overflow, _readme]
+    groups = [_demo, _transformer, _twin, _overflow, _readme, _search]
     groups += [functools.partial(_study_figures, prefix=p) for p in STUDIES]
     for group in groups:
         try:
