@@ -58,8 +58,6 @@ _OLD_RULE = (
     "(15d89e0 and earlier), and not run again"
 )
 STALE = {
-    "readme_commands": _OLD + "; its commit predates its script, and the tests were counted "
-    "then (timing it again runs the whole suite in a fresh clone, not done on a shared machine)",
     "amax_study": "measured at d99b097 (hours of runs); the changes since to its sources are the "
     "Ascend saturation path (not traced off Ascend), the shared argument checks, docstrings "
     "and the study's removed amax1 kind, and a run of it again at this commit gave the same "
@@ -71,9 +69,7 @@ STALE = {
 
 # Results whose recorded commit could not have run their command (the test
 # lists them from git; each is in STALE).
-FLAGS_LATER = [
-    "readme_commands: tools/time_readme_commands.py not in 80c3fa3",
-]
+FLAGS_LATER = []
 
 
 class Fig(NamedTuple):
