@@ -40,3 +40,15 @@ def test_reads_pytests_last_summary_line():
 def test_json_needs_both_commands(tmp_path):
     with pytest.raises(SystemExit):
         t.main(["--only", "demo", "--json", str(tmp_path / "x.json")])
+
+
+def test_the_recorded_commands_are_readmes_commands_now():
+    # README.md is left out of the result's sources (its figures block shows
+    # the result); its two commands are what the recorded timings must match.
+    import json
+
+    recorded = json.loads((ROOT / "results" / "readme_commands.json").read_text())["data"][
+        "commands"
+    ]
+    now = t.readme_commands((ROOT / "README.md").read_text())
+    assert {k: recorded[k]["command"] for k in now} == now
