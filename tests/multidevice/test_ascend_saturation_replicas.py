@@ -22,7 +22,7 @@ import jax_amp_scale as jas
 from tests import _torch_npu_saturation as torch_npu
 from tests import ascend_harness
 from tests.cann_double import control
-from tests.jax_compat import shard_map
+from tests.jax_compat import BEFORE_0_7, GRAD_OF_VARYING_LOSS, shard_map
 
 optax = pytest.importorskip("optax")
 
@@ -49,7 +49,14 @@ def _oracle(xs):
     return torch_npu.run(scaler, STEPS, backward, replicas=N)
 
 
-@pytest.mark.parametrize("check_vma", [True, False], ids=["checked", "unchecked"])
+# jax < 0.7 cannot differentiate a loss typed as varying inside a checked
+# shard_map, library or not (tests/jax_compat.py).
+VMA_GRAD = pytest.mark.xfail(BEFORE_0_7, reason=GRAD_OF_VARYING_LOSS, strict=True)
+
+
+@pytest.mark.parametrize(
+    "check_vma", [pytest.param(True, marks=VMA_GRAD), False], ids=["checked", "unchecked"]
+)
 def test_every_replica_skips_when_one_device_saturated(double, monkeypatch, check_vma):
     control.use(monkeypatch, double, "full", soc="Ascend910B2", mode="saturation")
     xs = _inputs()
