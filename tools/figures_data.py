@@ -61,8 +61,6 @@ _OLD_RULE = (
     "(15d89e0 and earlier), and not run again"
 )
 STALE = {
-    "readme_commands": "being timed again: the suite it times checks this file's currency, so "
-    "the run needs it listed here first",
     "amax_study": "measured at d99b097 (hours of runs); the changes since to its sources are the "
     "Ascend saturation path (not traced off Ascend), the shared argument checks, docstrings "
     "and the study's removed amax1 kind, and a run of it again at this commit gave the same "
