@@ -49,25 +49,16 @@ SOURCES = {
     "overflow_first": ["examples/overflow_first.py", "examples/transformer_lm.py", *PACKAGE],
     "amax_search": ["tests/_amax_search.py", *PACKAGE],
 }  # fmt: skip
-for _name in ("amax_study", "amax_study_f16", "amax_study_large", "amax_study_large_lr2e-3"):
-    SOURCES[_name] = ["examples/amax_scaler_study.py", "examples/transformer_lm.py", *PACKAGE]
+SOURCES["amax_study"] = ["examples/amax_scaler_study.py", "examples/transformer_lm.py", *PACKAGE]
 
 # Results shown although they are not current, each with the reason.  The
 # currency test fails on a stale result not listed here and on a listed one
 # that is current again, so this list says exactly what is stale.
-_OLD = "recorded before results carried a dirty flag and their sources"
-_OLD_RULE = (
-    "; measured with amax_scaler's rule before its ceiling and its first step at 1 "
-    "(15d89e0 and earlier), and not run again"
-)
 STALE = {
     "amax_study": "measured at d99b097 (hours of runs); the changes since to its sources are the "
     "Ascend saturation path (not traced off Ascend), the shared argument checks, docstrings "
     "and the study's removed amax1 kind, and a run of it again at this commit gave the same "
     "bits (tests/training/scalers/test_amax_study_current.py, slow)",
-    "amax_study_f16": _OLD + _OLD_RULE,
-    "amax_study_large": _OLD + _OLD_RULE,
-    "amax_study_large_lr2e-3": _OLD + _OLD_RULE,
 }
 
 # Results whose recorded commit could not have run their command (the test

@@ -94,10 +94,8 @@ def _search(out: Figs) -> None:
 # ---- the amax studies ------------------------------------------------------------
 
 # figure prefix -> the study's results file: the transformer example (float32
-# parameters, float16 matrix products), the all-float16 model (--grads
-# float16) and the example at about 5x its parameters, at learning rates 1e-3 and 2e-3.
-STUDIES = {"amax": "amax_study", "all16": "amax_study_f16", "large": "amax_study_large",
-           "large_lr2e3": "amax_study_large_lr2e-3"}  # fmt: skip
+# parameters, float16 matrix products).
+STUDIES = {"amax": "amax_study"}
 
 
 def _study(prefix: str) -> dict[str, Any]:
@@ -213,12 +211,7 @@ _STUDY_BLOCKS: dict[str, Callable[[Figs, str], str]] = {
         p, (), lambda r: f"{r['float32_only_sets_amax']:.0%} ({r['float32_only_gap_log2']:.2f})"
     ),
 }
-_SHOWN = {
-    "amax": list(_STUDY_BLOCKS),
-    "all16": [p for p in _STUDY_BLOCKS if p != "leaf-groups"],  # no float32-only leaf
-    "large": ["source", "default", "stress", "first-step", "scales", "leaf-groups"],
-    "large_lr2e3": ["source", "default"],
-}
+_SHOWN = {"amax": list(_STUDY_BLOCKS)}
 
 
 # ---- the other blocks ----------------------------------------------------------------
