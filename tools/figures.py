@@ -1,67 +1,420 @@
 """Every published figure, from the results files that the measuring scripts wrote.
 
-    python tools/figures.py record demo        # runs the demo; writes results/demo.json
+    python tools/figures.py record demo      # runs the demo; writes results/demo.json
     python tools/figures.py start amax_study "python examples/amax_scaler_study.py ..." > START.json
-    python tools/figures.py adopt amax_study PATH --started START.json
-                                               # a long run: its provenance taken at its start
-    python tools/figures.py write              # regenerates every figures block and picture
-    python tools/figures.py check              # exit 1 when a block or picture is stale
-    python tools/figures.py list               # every figure: name, text, source
+    python tools/figures.py adopt amax_study PATH --started START.json  # a long run's result
+    python tools/figures.py write            # regenerates every figures block and picture
+    python tools/figures.py check            # exit 1 when a block or picture is stale
+    python tools/figures.py list             # every figure, by name
 
-Every results file is in ``results/`` (figures_data.py: the files, their
-provenance and whether they are current).  `figures()` derives every named
-figure from them (figures_bench.py: the benchmark; figures_runs.py: the
-examples and studies); the docs cite one by name with the ``{fig}`` role
-(docs/_ext/figures_role.py), and the pages hold generated blocks between
-``<!-- figures: NAME -->`` and ``<!-- /figures -->``, which ``write``
-regenerates.  A figure missing from its file is a KeyError: the docs build
-and tests/docs/test_figures.py fail.
-
-A timing is the median of an interleaved run's paired ratios with its spread
-(half the interquartile range), written with no more digits than the spread
-supports.  A target's status is computed here, once, from the default path's
-figure.
+`figures()` names every figure, from results/ (figures_data.py); the docs cite one
+with the ``{fig}`` role (docs/_ext/figures_role.py), and the pages hold the `BLOCKS`
+between ``<!-- figures: NAME -->`` and ``<!-- /figures -->``.  A figure missing from its
+file is a KeyError: the docs build and tests/docs/test_figures.py fail.  A timing is the
+median of an interleaved run's paired ratios, with its spread (half the interquartile
+range); a target's status is computed here, once, from the default path's figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from statistics import mean, median
 from typing import Any
 
-import figures_bench
-import figures_data
-import figures_runs
-from figures_data import RESULTS, ROOT, STALE, Fig, entries, provenance
+import figures_data as fd
+from figures_data import BENCH, ROOT, entries, load, median_text, ratio_text, result, verdict
+from tabulate import tabulate
 
+Figs = dict[str, str]
 PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "bench" / "RESULTS.md",
          *sorted((ROOT / "docs").rglob("*.md")), ROOT / "examples/README.md"]  # fmt: skip
 BLOCK = re.compile(r"(<!-- figures: ([\w.-]+) -->\n)(.*?)(<!-- /figures -->)", re.S)
-BLOCKS = {**figures_bench.BLOCKS, **figures_runs.BLOCKS}
+SRC = "results/bench.json"
+STEP_ROWS = {"auto": "ours loss_scaled[auto]", "reference": "ours loss_scaled[reference]",
+             "ffi": "ours loss_scaled[ffi]", "handwritten": "hand-written exact skip",
+             "no_reports": "ours, no host reports", "amax": "ours amax_scaler",
+             "jmp": "jmp DynamicLossScale", "flax": "flax DynamicScale",
+             "optax": "optax apply_if_finite"}  # fmt: skip
+DTYPES = {"f16": "float16", "f32": "float32"}
+COMPILE = ((10, 100, 1000), ("auto", "reference", "jmp", "flax", "optax"))  # leaves, candidates
+PASS_LEAVES = (1, 100, 10000)
+PASS_ROWS = {"call": "ours unscale_and_check[auto]", "inside": "ours[auto] inside a program",
+             "torch": "torch fused", "limit": "memory-bandwidth limit", "floor": "jit dispatch floor"}  # fmt: skip
+PASS_COLUMNS = {"/ torch, one call": ("call", "torch"), "/ torch, in a program": ("inside", "torch"),
+                "/ limit, one call": ("call", "limit"), "/ limit, in a program": ("inside", "limit")}  # fmt: skip
+# (name, what, the figure it reads, the most it may be)
+TARGETS = [
+    ("step.f16", "a float16-compute step, at most 1.0x the plain step", "step.f16.auto", 1.0),
+    ("step.f32", "a float32-compute step, at most 1.0x the plain step", "step.f32.auto", 1.0),
+    ("amax", "`amax_scaler`'s step, at most 1.01x `dynamic_scaler`'s", "step.f32.amax_vs_auto", 1.01),
+    ("compile", "compile time, at most 1.3x the plain step's", "compile.auto.worst", 1.3),
+    ("pass.inside.torch", "the gradient pass in a program, at most 1.0x torch's op", "pass.inside.torch.worst", 1.0),
+    ("pass.inside.limit", "the gradient pass in a program, at most 1.1x the bandwidth limit", "pass.inside.limit.worst", 1.1),
+    ("pass.call.torch", "the gradient pass as one call, at most 1.0x torch's op", "pass.call.torch.worst", 1.0),
+    ("pass.call.limit", "the gradient pass as one call, at most 1.1x the bandwidth limit", "pass.call.limit.worst", 1.1),
+]  # fmt: skip
+
+
+def _table(runs: dict[str, Any], workload: str, title_has: str) -> dict[str, Any]:
+    for t in (t for run in runs.values() for t in run["tables"]):
+        if t["workload"] == workload and title_has in t["title"]:
+            return t
+    raise KeyError(f"{SRC} has no {workload!r} table titled *{title_has}*")
+
+
+def _times(t: dict[str, Any], prefix: str) -> list[float]:
+    """The times of `t`'s row named `prefix...` ([] when that run did not measure it)."""
+    return next((r["times"] for r in t["rows"] if r["name"].startswith(prefix)), [])
+
+
+def _paired(t: dict[str, Any], row: str, base: str) -> list[float]:
+    """The paired ratios of two rows ([] when either is missing)."""
+    a, b = _times(t, row), _times(t, base)
+    return [x / y for x, y in zip(a, b, strict=True)] if a and b else []
+
+
+def bench_figures(runs: dict[str, Any]) -> Figs:
+    f: Figs = {}
+    v: dict[str, float] = {}  # the medians that the targets read
+    for short, dtype in DTYPES.items():
+        t = _table(runs, "1. Step overhead", f"{dtype} compute")
+        f[f"step.{short}.plain_ms"], f["step.reps"] = f"{median(_times(t, 'plain')) * 1e3:.0f} ms", str(t["reps"])  # fmt: skip
+        pairs = [("amax_vs_auto", "amax", "auto"), ("auto_vs_handwritten", "auto", "handwritten")]
+        for key, row, base in [*((k, k, "plain") for k in STEP_ROWS), *pairs]:
+            if r := _paired(t, STEP_ROWS[row], STEP_ROWS.get(base, base)):
+                name = f"step.{short}.{key}"
+                f[name], f[f"{name}.median"], v[name] = ratio_text(r), median_text(r), median(r)
+                if base == "plain":
+                    f[f"{name}.verdict"] = verdict(r, "the plain step")
+        peers = [v[n] for p in ("jmp", "flax", "optax") if (n := f"step.{short}.{p}") in v]
+        f[f"step.{short}.peers.range"] = f"{min(peers):.2f}-{max(peers):.2f}x"
+        f[f"target.peers.{short}"] = "met" if v[f"step.{short}.auto"] <= min(peers) else "not met"
+    meds = []
+    for n in COMPILE[0]:
+        t = _table(runs, "3. Compile time", f", {n} parameter leaves")
+        f[f"compile.{n}.plain_s"] = fd.seconds_text(median(_times(t, "plain")))
+        f[f"compile.{n}.reps"] = str(t["reps"])
+        for key in COMPILE[1]:
+            r = _paired(t, STEP_ROWS[key], "plain")
+            f[f"compile.{n}.{key}"] = median_text(r) if r else "not run"
+            meds += [median(r)] if r and key == "auto" else []
+    f["compile.auto.range"], v["compile.auto.worst"] = f"{min(meds):.1f}-{max(meds):.1f}x", max(meds)  # fmt: skip
+    ran = {int(t["title"].split(", ")[1].split()[0]): [r["name"] for r in t["rows"]]
+           for t in runs["compile"]["tables"] if t["workload"] == "3. Compile time"}  # fmt: skip
+    every = [n for n, rows in ran.items() if STEP_ROWS["auto"] in rows]
+    alone = ", ".join(f"{n:,}" for n, rows in ran.items() if rows == ["plain"])
+    f["compile.leaves"] = f"{every[0]:,} to {every[-1]:,} parameter leaves" + (f" ({alone}: the plain step alone)" if alone else "")  # fmt: skip
+    worst: dict[str, float] = {}
+    skipped = set()
+    for short, dtype in DTYPES.items():
+        for n in PASS_LEAVES:
+            t = _table(runs, "2. One pass over the gradients", f"MiB {dtype} over {n} leaves")
+            f["pass.reps"] = str(t["reps"])
+            for how, base in [*PASS_COLUMNS.values(), ("floor", "torch")]:
+                r, name = _paired(t, PASS_ROWS[how], PASS_ROWS[base]), f"pass.{how}.{base}"
+                f[f"{name}.{short}.{n}"] = median_text(r) if r else "not run"
+                if not r:  # not run (its budget): the target says so
+                    skipped.add(f"{dtype} at {n:,} leaves")
+                elif how != "floor":
+                    worst[name] = max(worst.get(name, 0.0), median(r))
+    gap = f" ({', '.join(sorted(skipped))}: not run)" if skipped else ""
+    for name, w in worst.items():
+        v[f"{name}.worst"], f[f"{name}.worst"] = w, f"{w:.2f}x{gap}"
+    t = _table(runs, "5. torch for scale", "float16 autocast")
+    f["torch.gradscaler"] = ratio_text(_paired(t, "torch GradScaler step", "torch plain step"))
+    t = _table(runs, "4. The operator", "compile time")
+    for key, row in (("ffi_s", "update_scale(ffi)"), ("inexact_s", "update_scale(reference), factors 1.1"),
+                     ("reference_s", "update_scale(reference), factors 2")):  # fmt: skip
+        f[f"op.compile.{key}"] = fd.seconds_text(median(_times(t, row)))
+    for key, title in (("vmap", "vmap over 1024 states"), ("scan", "one state")):
+        t = _table(runs, "4. The operator", title)
+        f[f"op.{key}.ffi_verdict"] = verdict(_paired(t, "ffi", "reference"), "the reference")
+        for row in ("ffi", "reference"):
+            f[f"op.{key}.{row}_ns"] = f"{median(_times(t, row)) * 1e9:.3g} ns"
+    for layout in ("fsdp", "data_parallel") if "multidevice" in runs else ():
+        t = _table(runs, "7. Eight devices", f"{layout}: MLP")
+        for key in ("native", "reference"):
+            f[f"multi.{layout}.{key}"] = ratio_text(_paired(t, key, "plain"))
+    for name, _what, figure, most in TARGETS:
+        if figure in v:
+            f[f"target.{name}"] = "met" if v[figure] <= most else "not met"
+    p = entries()
+    for w in runs:
+        f[f"source.bench.{w}"] = fd.provenance_line(f"bench:{w}", p[f"bench:{w}"], SRC)
+        f[f"machine.bench.{w}"] = fd.machine(p[f"bench:{w}"])
+    return f
+
+
+def _runs(d: dict[str, Any], variant: str, kind: str) -> list[dict[str, Any]]:
+    """The study's runs of `variant` and `kind`, by seed."""
+    return sorted((r for r in d["runs"] if (r["variant"], r["kind"]) == (variant, kind)), key=lambda r: r["seed"])  # fmt: skip
+
+
+def _skips(d: dict[str, Any], variant: str, kind: str) -> str:
+    return ", ".join(str(r["skipped"]) for r in _runs(d, variant, kind))
+
+
+def _gap(d: dict[str, Any], variant: str, kind: str) -> float:
+    ref = {r["seed"]: r["eval_loss"] for r in _runs(d, variant, "float32")}
+    gaps = [r["eval_loss"] - ref[r["seed"]] for r in _runs(d, variant, kind) if r["seed"] in ref]
+    return mean(gaps) if gaps else math.nan
+
+
+def _power(x: float) -> str:
+    return f"`2**{math.log2(x):.0f}`" if math.log2(x) == round(math.log2(x)) else f"{x:g}"
+
+
+def run_figures(f: Figs) -> None:
+    """The examples', the README commands' and the study's figures, from results/NAME.json."""
+    d = result("demo")
+    f["demo.eval_loss"], f["demo.baseline_eval_loss"] = f"{d['eval_loss']:.4f}", f"{d['baseline_eval_loss']:.4f}"  # fmt: skip
+    f["demo.gap"] = f"{100 * (d['eval_loss'] / d['baseline_eval_loss'] - 1):+.1f}%"
+    f["demo.final_scale"], f["demo.last_batch_loss"] = f"{d['final_scale']:g}", f"{d['last_batch_loss']:.4f}"  # fmt: skip
+    modes = result("transformer_lm")["modes"]
+    for mode, m in modes.items():
+        f[f"lm.{mode}.eval_loss"] = f"{m['eval_loss']:.4f}"
+        f[f"lm.{mode}.zeros"] = f"{100 * m['grad_zeros_at_init']:.1f}%"
+        f[f"lm.{mode}.gap"] = f"{m['eval_loss'] - modes['float32']['eval_loss']:+.4f}"
+    for mode, m in result("transformer_lm_mean")["modes"].items():
+        f[f"lm_mean.{mode}.eval_loss"] = f"{m['eval_loss']:.4f}"
+    d = result("transformer_lm_torch")  # the JAX example against its torch twin
+    f["twin.steps"], f["twin.torch"] = str(d["steps"]), d["torch"].split("+")[0]
+    for mode, short in (("float32", "f32"), ("float16+scaling", "f16")):
+        f[f"twin.{short}.max_diff"] = f"{d['modes'][mode]['max_diff']:.1e}"
+        f[f"twin.{short}.tolerance"] = f"{d['modes'][mode]['tolerance']:g}"
+    m = d["modes"]["float16+scaling"]
+    changes = ", ".join(f"to {_power(v)} at step {s}" for s, v in m["scale_changes"])
+    f["twin.scales"] = ("the same at every step" if m["scales_equal"] else "different") + f" ({_power(m['first_scale'])}" + (f", changing {changes})" if changes else ", never changing)")  # fmt: skip
+    c = result("overflow_first")["excess_precision_check"]
+    f["overflow.excess.compared"], f["overflow.excess.changed"] = str(c["values_compared"]), str(len(c["changed"]))  # fmt: skip
+    for name, r in (d := result("readme_commands")["commands"]).items():
+        f[f"readme.{name}.install"] = fd.minutes_text(r["install_seconds"])
+        f[f"readme.{name}.run"], f[f"readme.{name}.jax"] = fd.minutes_text(r["run_seconds"]), r["jax"]  # fmt: skip
+    f |= {f"readme.tests.{k}": f"{n:,}" for k, n in d["tests"]["counts"].items()}
+    d = result("amax_search")["summary"]
+    d = {**d, "kept": d["models"] - d["twin_diverged"]}
+    for name, key in {"models": "models", "structures": "structures", "kept": "kept", "diverged": "twin_diverged",
+                      "fewer": "amax_fewer", "equal": "equal", "skips.amax": "skips_amax", "skips.dynamic": "skips_dynamic",
+                      "diverged_more": "amax_more_where_twin_diverged"}.items():  # fmt: skip
+        f[f"search.{name}"] = f"{d[key]:,}"
+    d = result("amax_study")
+    ev32 = [r["eval_loss"] for r in _runs(d, "default", "float32")]
+    f["amax.default.seeds"], f["amax.default.spread"] = str(len(ev32)), f"{max(ev32) - min(ev32):.4f}"  # fmt: skip
+    for kind in d["settings"]["kinds"]:
+        for var in {r["variant"] for r in d["runs"]}:
+            if _runs(d, var, kind):
+                f[f"amax.{var}.{kind}.skipped"] = _skips(d, var, kind)
+        f[f"amax.default.{kind}.gap"] = f"{_gap(d, 'default', kind):+.4f}"
+        first = [r["first_underflow"] for r in _runs(d, "default", kind)]
+        if first := [x for x in first if not math.isnan(x)]:
+            f[f"amax.default.{kind}.first_underflow"] = f"{max(first):.2%}"
+    f["amax.growth.max"] = f"{max(r['growth_log2'] for r in d['runs'] if not math.isnan(r['growth_log2'])):.2f}"  # fmt: skip
+    if shares := [r for r in d["runs"] if not math.isnan(r.get("float32_only_sets_amax", math.nan))]:  # fmt: skip
+        share = [r["float32_only_sets_amax"] for r in shares]
+        f["amax.float32_only.share"] = f"{min(share):.0%}-{max(share):.0%}"
+        f["amax.float32_only.gap"] = f"{max(r['float32_only_gap_log2'] for r in shares):.2f}"
 
 
 @cache
-def figures() -> dict[str, Fig]:
+def figures() -> Figs:
     """Every named figure."""
-    out: dict[str, Fig] = {}
-    figures_bench.figures(out)
-    figures_runs.figures(out)
-    return out
+    f = bench_figures(load(BENCH)["runs"])
+    for name, p in entries().items():
+        if not name.startswith("bench:"):
+            f[f"source.{name}"] = fd.provenance_line(name, p, f"results/{name}.json")
+    run_figures(f)
+    return f
 
 
 def fig(name: str) -> str:
     try:
-        return figures()[name].text
+        return figures()[name]
     except KeyError:
         raise KeyError(f"no figure named {name!r} (python tools/figures.py list)") from None
+
+
+# ---- the blocks: each a table (tabulate) or prose, from the figures -------------------
+
+
+def _md(rows: list[list[str]], head: list[str], numbers_right: bool = False) -> str:
+    """A markdown table; the cells as given (no number parsing)."""
+    align = ["left"] + ["right" if numbers_right else "left"] * (len(head) - 1)
+    return tabulate(rows, head, tablefmt="github", colalign=align, disable_numparse=True) + "\n"
+
+
+def _fill(f: Figs, template: str, missing: str | None = None) -> str:
+    """`template` with each ``{NAME}`` the figure's text (`missing`, if given, where none is)."""
+    return re.sub(r"\{([\w.+^-]+)\}", lambda m: f[m[1]] if missing is None else f.get(m[1], missing), template)  # fmt: skip
+
+
+def _text(template: str) -> Callable[[Figs], str]:
+    """Prose: `template` with each ``{NAME}`` the figure's text."""
+    return lambda f: _fill(f, template)
+
+
+def _bench_table(
+    head: list[str], rows: dict[str, list[str]], workload: str
+) -> Callable[[Figs], str]:
+    """A table of the benchmark: each cell a figure's ``{NAME}`` (one missing: not run)."""
+    cells = [[k, *cs] for k, cs in rows.items()]
+    return lambda f: _md([[_fill(f, c, "not run") for c in r] for r in cells], head, True) + _fill(f, f"\nFrom {{source.bench.{workload}}}.\n")  # fmt: skip
+
+
+def _per_run(skip: tuple[str, ...], cell: Callable[[dict[str, Any]], str]) -> Callable[[Figs], str]:
+    """A table of the study: a row per variant and seed, a column per scaler not in `skip`."""
+
+    def block(f: Figs) -> str:
+        d = result("amax_study")
+        cols = [k for k in d["settings"]["kinds"] if k not in skip]
+        keys = sorted({(r["variant"], r["seed"]) for r in d["runs"]}, key=lambda vs: (vs[0] != "default", vs))  # fmt: skip
+        by = {(r["variant"], r["seed"], r["kind"]): r for r in d["runs"]}
+        rows = [[f"{v}, seed {s}", *(cell(by[v, s, k]) if (v, s, k) in by else "" for k in cols)] for v, s in keys]  # fmt: skip
+        return _md(rows, ["run", *cols])
+
+    return block
+
+
+def _study(f: Figs, stress: bool) -> str:
+    d = result("amax_study")
+    if not stress:
+        rows = [[k, _skips(d, "default", k), ", ".join(f"{r['eval_loss']:.4f}" for r in _runs(d, "default", k)), f"{_gap(d, 'default', k):+.4f}"] for k in d["settings"]["kinds"]]  # fmt: skip
+        head = ["scaler", "skipped steps per seed", "eval loss per seed", "mean gap to float32"]
+        return _md(rows, head) + f"\nfloat32's own spread over the seeds: {f['amax.default.spread']}.\n"  # fmt: skip
+    kinds = [k for k in d["settings"]["kinds"] if k != "float32"]
+    rows = [[v, str(_runs(d, v, kinds[0])[0]["steps"]), *(_skips(d, v, k) + (f" ({_gap(d, v, k):+.4f})" if _runs(d, v, k) else "") for k in kinds)]
+            for v in sorted({r["variant"] for r in d["runs"]} - {"default"})]  # fmt: skip
+    seeds = ", ".join(map(str, d["settings"]["stress_seeds"]))
+    return _md(rows, ["variant", "steps", *kinds]) + f"\nSkipped steps per seed ({seeds}), and the mean eval-loss gap to float32.\n"  # fmt: skip
+
+
+def transformer_table(f: Figs) -> str:
+    modes = result("transformer_lm")["modes"]
+    marks = list(next(iter(modes.values()))["smoothed_loss"])
+    rows = [[mode, *(f"{m['smoothed_loss'][k]:.4f}" for k in marks), f[f"lm.{mode}.eval_loss"], f[f"lm.{mode}.zeros"]] for mode, m in modes.items()]  # fmt: skip
+    head = ["mode", *(f"step {m}" for m in marks), "eval loss", "zeros at init"]
+    return _md(rows, head) + f"\nFrom {f['source.transformer_lm']}.\n"
+
+
+def targets(f: Figs) -> str:
+    rows = [[what, f.get(figure, "-"), f[f"target.{name}"]] for name, what, figure, _ in TARGETS if f"target.{name}" in f]  # fmt: skip
+    rows.append(["on a GPU", "never run", "not measured"])
+    return _md(rows, ["target", "the default path", "status"], True) + "\nFrom:\n\n" + _fill(f, BENCH_SOURCES)  # fmt: skip
+
+
+BENCH_SOURCES = "- {source.bench.step}\n- {source.bench.compile}\n- {source.bench.unscale}\n"
+STEP_LABELS = {"auto": '**`loss_scaled`, default (`"auto"`)**', "reference": '`loss_scaled`, `backend="reference"`',
+               "ffi": '`loss_scaled`, `backend="ffi"`', "amax": "`loss_scaled` with `amax_scaler()`",
+               "handwritten": "hand-written exact skip (no library)", "optax": "optax `apply_if_finite` (static scale)",
+               "flax": "flax `DynamicScale`", "jmp": "jmp `DynamicLossScale`"}  # fmt: skip
+COMPILE_LABELS = {"auto": "**`loss_scaled`, default**", "reference": "`loss_scaled`, reference", "flax": "flax `DynamicScale`",
+                  "optax": "optax `apply_if_finite`", "jmp": "jmp `DynamicLossScale`"}  # fmt: skip
+BLOCKS: dict[str, Callable[[Figs], str]] = {
+    "readme-performance": _text(
+        "- On a {machine.bench.step}, a `loss_scaled` training step costs {step.f16.auto} the plain "
+        "step with float16 compute and {step.f32.auto} with float32 compute (target at most 1.0x: "
+        "float16 **{target.step.f16}**, float32 **{target.step.f32}**); the peers' steps cost "
+        "{step.f16.peers.range} (float16) and {step.f32.peers.range} (float32).\n"
+        "- On a {machine.bench.compile}, compiling the step takes {compile.auto.range} the plain "
+        "step's time (target at most 1.3x: **{target.compile}**).\n"
+        "- On a {machine.bench.unscale}, the fused gradient pass inside a compiled program: at worst "
+        "{pass.inside.torch.worst} torch's fused op (**{target.pass.inside.torch}**) and "
+        "{pass.inside.limit.worst} the memory-bandwidth limit's time (**{target.pass.inside.limit}**)."
+        "\n\n" + BENCH_SOURCES
+    ),
+    "bench-sources": _text("".join(f"- {w}: {{source.bench.{w}}}\n" for w in load(BENCH)["runs"])),
+    "step-table": _bench_table(
+        ["candidate", "float16 compute", "float32 compute"],
+        {"plain step ({step.f16.plain_ms}; {step.f32.plain_ms})": ["1", "1"]}
+        | {label: [f"{{step.{s}.{k}}}" for s in DTYPES] for k, label in STEP_LABELS.items()},
+        "step",
+    ),
+    "compile-table": _bench_table(
+        ["parameter leaves", *(f"{n:,}" for n in COMPILE[0])],
+        {"plain step": [f"{{compile.{n}.plain_s}}" for n in COMPILE[0]]}
+        | {
+            label: [f"{{compile.{n}.{k}}}" for n in COMPILE[0]]
+            for k, label in COMPILE_LABELS.items()
+        }
+        | {"compiles per cell": [f"{{compile.{n}.reps}}" for n in COMPILE[0]]},
+        "compile",
+    ),
+    "pass-table": _bench_table(
+        ["dtype, leaves", *PASS_COLUMNS],
+        {
+            f"{dtype}, {n:,}": [f"{{pass.{h}.{b}.{s}.{n}}}" for h, b in PASS_COLUMNS.values()]
+            for s, dtype in DTYPES.items()
+            for n in PASS_LEAVES
+        },
+        "unscale",
+    ),
+    "targets": targets,
+    "readme-commands": _text(
+        "Both commands, timed in a fresh clone and venv: the demo's install {readme.demo.install} "
+        "and the demo {readme.demo.run}; the tests' install {readme.tests.install} and the tests "
+        "{readme.tests.run} ({readme.tests.passed} passed, {readme.tests.skipped} skipped), jax "
+        "{readme.tests.jax}; from {source.readme_commands}.  The install compiles the native "
+        "handlers.  `python tools/figures.py record readme_commands` times them again.\n"
+    ),
+    "torch-twin": _text(
+        'Against torch {twin.torch} (`GradScaler("cpu")`, `autocast("cpu", float16)`), '
+        "{twin.steps} steps: float32 losses agree within {twin.f32.max_diff} at every step "
+        "(tolerance {twin.f32.tolerance}), float16 within {twin.f16.max_diff} (tolerance "
+        "{twin.f16.tolerance}), and the scale is {twin.scales}.  From {source.transformer_lm_torch}.\n"
+    ),
+    "transformer-table": transformer_table,
+    "transformer-summary": _text(
+        "float16 with loss scaling tracks float32 (evaluation loss {lm.float16+scaling.gap}); "
+        "float16 without scaling falls behind ({lm.float16.gap}): at initialisation "
+        "{lm.float16.zeros} of its gradient entries are exactly zero against {lm.float32.zeros} in "
+        "float32 (the embedding rows of bytes absent from the batch).  With the plain mean "
+        "(`--global-batch-tokens 2048`, gradients 128 times larger) this small model does not need "
+        "scaling: evaluation loss float32 {lm_mean.float32.eval_loss}, float16 without scaling "
+        "{lm_mean.float16.eval_loss} ({source.transformer_lm_mean}).\n"
+    ),
+    # As the demo prints its summary's last rows.
+    "demo-summary": lambda f: (
+        "```text\n"
+        + "\n".join(
+            f"| {k:<17} | {v:<40} |"
+            for k, v in [
+                ("final scale", f["demo.final_scale"]),
+                ("last loss (batch)", f["demo.last_batch_loss"]),
+                (
+                    "loss (all data)",
+                    f"{f['demo.eval_loss']} (float32: {f['demo.baseline_eval_loss']}, {f['demo.gap']})",
+                ),
+            ]
+        )
+        + f"\n```\n\nfrom {f['source.demo']}.\n"
+    ),
+    "amax-source": _text("- {source.amax_study}\n"),
+    "amax-default": lambda f: _study(f, stress=False),
+    "amax-stress": lambda f: _study(f, stress=True),
+    "amax-first-step": _per_run(("float32",), lambda r: f"{r['first_underflow']:.1e}"),
+    "amax-underflow": _per_run(
+        ("float32", "torch"),
+        lambda r: f"{r['scale_underflow']:.0e} ({r['first_scale_underflow']:.0e})",
+    ),
+    "amax-past-line": _per_run(
+        ("float32",), lambda r: f"{r['past_65504_float16_path']} ({r['largest_float16_path']:.2f})"
+    ),
+    "amax-growth": _per_run((), lambda r: f"{r['growth_log2']:.2f}"),
+    "amax-scales": _per_run(("float32",), lambda r: f"{r['mean_log2_scale']:.2f}"),
+    "amax-leaf-groups": _per_run(
+        (), lambda r: f"{r['float32_only_sets_amax']:.0%} ({r['float32_only_gap_log2']:.2f})"
+    ),
+}
 
 
 def render(text: str) -> str:
@@ -75,37 +428,55 @@ def render(text: str) -> str:
     return BLOCK.sub(one, text)
 
 
-# Each picture and the results file it is drawn from: the benchmark's by
-# `write`, the others by the run that `record` makes (the same run as the data).
-PICTURES = {
-    ROOT / "bench" / "results-summary.png": "bench",
-    ROOT / "docs" / "_static" / "demo.png": "demo",
-    ROOT / "docs" / "_static" / "transformer_lm.png": "transformer_lm",
-}
-DRAWN_BY = {"demo": "demo.png", "transformer_lm": "transformer_lm.png"}  # in the run's {tmp}
+# Each picture and the results file it is drawn from: the benchmark's by `write`,
+# the others by the run that `record` makes (the same run as the data).
+PICTURES = {ROOT / "bench" / "results-summary.png": "bench", ROOT / "docs/_static/demo.png": "demo",
+            ROOT / "docs/_static/transformer_lm.png": "transformer_lm"}  # fmt: skip
 
 
 def stale_pictures() -> list[Path]:
     """The pictures not drawn from their results file as it is now (by the digest they record)."""
-    return [
-        p
-        for p, name in PICTURES.items()
-        if figures_data.drawn_from(p) != figures_data.drawn_mark(name)
-    ]
+    return [p for p, name in PICTURES.items() if fd.drawn_from(p) != fd.drawn_mark(name)]
 
 
-# ---- recording -----------------------------------------------------------------
+def draw(f: Figs, path: Path) -> None:
+    """Step ratios (the pages' paired medians) and compile times, from the same figures."""
+    import matplotlib
 
-# name -> the command that measures it ({json}: where it writes its figures;
-# {tmp}: a scratch folder)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in STEP_ROWS if f"step.f16.{k}" in f or f"step.f32.{k}" in f]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 8))
+    for i, (short, dtype) in enumerate(DTYPES.items()):
+        xs = [float(f.get(f"step.{short}.{k}.median", "nan").rstrip("x")) for k in keys]
+        ys = [j + (i - 0.5) * 0.4 for j in range(len(keys))]
+        top.barh(ys, xs, height=0.4, label=f"{dtype} compute", color=f"C{i}")
+        for x, y in zip(xs, ys, strict=True):
+            top.text(x, y, f" {x:g}" if math.isfinite(x) else "", va="center", fontsize=6)
+    top.set_yticks(range(len(keys)), [STEP_ROWS[k] for k in keys], fontsize=7)
+    top.invert_yaxis()
+    top.axvline(1.0, color="k", lw=0.8)
+    top.set(xlabel="median paired ratio to the plain step", title=f"Step overhead ({f['machine.bench.step']})")  # fmt: skip
+    t = {n: _table(load(BENCH)["runs"], "3. Compile time", f", {n} parameter leaves") for n in COMPILE[0]}  # fmt: skip
+    for name in ["plain", *(STEP_ROWS[k] for k in COMPILE[1])]:
+        if pts := [(n, median(_times(t[n], name))) for n in COMPILE[0] if _times(t[n], name)]:
+            bottom.loglog(*zip(*pts, strict=True), marker="o", label=name)
+    bottom.set(xlabel="parameter leaves", ylabel="trace + compile (s)", title=f"Compile time ({f['machine.bench.compile']})")  # fmt: skip
+    top.legend(fontsize=7)
+    bottom.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"drawn from": fd.drawn_mark("bench")})
+    plt.close(fig)
+
+
+# name -> the command that measures it ({json}: where it writes its figures; {tmp}: a scratch folder)
 RECORDERS = {
     "readme_commands": ["tools/time_readme_commands.py", "--json", "{json}"],
     "transformer_lm_torch": ["examples/transformer_lm_torch.py", "--json", "{json}"],
     "demo": ["-m", "jax_amp_scale.demo", "--quiet", "--out", "{tmp}/demo.png", "--json", "{json}"],
-    "transformer_lm": ["examples/transformer_lm.py", "--check", "--out-dir", "{tmp}",
-                       "--json", "{json}"],
-    "overflow_first": ["examples/overflow_first.py", "--cost-reps", "100", "--check",
-                       "--out", "{json}"],
+    "transformer_lm": ["examples/transformer_lm.py", "--check", "--out-dir", "{tmp}", "--json", "{json}"],
+    "overflow_first": ["examples/overflow_first.py", "--cost-reps", "100", "--check", "--out", "{json}"],
     "transformer_lm_mean": ["examples/transformer_lm.py", "--global-batch-tokens", "2048",
                             "--modes", "float32,float16", "--out-dir", "{tmp}", "--json", "{json}"],
     "amax_search": ["-m", "tests._amax_search", "--json", "{json}"],
@@ -117,23 +488,19 @@ def record(name: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "out.json"
         # The command as shown: without the scratch paths and the flags that take them.
-        shown = [a for a, b in zip(args, [*args[1:], ""], strict=True)
-                 if "{" not in a and not (a.startswith("--") and "{" in b)]  # fmt: skip
-        info = provenance(shlex.join(["python", *shown]), name)
-        cmd = [sys.executable, *(a.format(json=path, tmp=tmp) for a in args)]
-        subprocess.run(cmd, check=True, cwd=ROOT)
+        shown = [a for a, b in zip(args, [*args[1:], ""], strict=True) if "{" not in a and not (a.startswith("--") and "{" in b)]  # fmt: skip
+        info = fd.provenance(shlex.join(["python", *shown]), name)
+        subprocess.run([sys.executable, *(a.format(json=path, tmp=tmp) for a in args)], check=True, cwd=ROOT)  # fmt: skip
         write_result(name, info, json.loads(path.read_text()))
         if path.with_suffix(".md").exists():  # a report beside the figures (overflow_first)
-            (RESULTS / f"{name}.md").write_text(path.with_suffix(".md").read_text())
-        for picture, of in PICTURES.items():
-            if of == name:
-                shutil.copyfile(Path(tmp) / DRAWN_BY[name], picture)
-                figures_data.stamp(picture, name)
+            (fd.RESULTS / f"{name}.md").write_text(path.with_suffix(".md").read_text())
+        for picture in (p for p, of in PICTURES.items() if of == name):
+            shutil.copyfile(Path(tmp) / f"{name}.png", picture)  # where its command draws it
+            fd.stamp(picture, name)
 
 
 def adopt(name: str, path: Path, started: Path) -> None:
-    """A result a long run wrote: `started` is what ``start`` printed when it began
-    (the commit and dirty flag then, not now)."""
+    """A result a long run wrote: `started` is what ``start`` printed when it began."""
     info = json.loads(started.read_text())
     if missing := {"commit", "dirty", "command", "sources"} - set(info):
         raise SystemExit(f"{started} lacks {sorted(missing)}: write it with `figures.py start`")
@@ -141,66 +508,62 @@ def adopt(name: str, path: Path, started: Path) -> None:
 
 
 def write_result(name: str, info: dict[str, Any], data: Any) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    target = RESULTS / f"{name}.json"
-    target.write_text(json.dumps({"provenance": info, "data": data}, indent=1) + "\n")
+    (target := fd.RESULTS / f"{name}.json").write_text(json.dumps({"provenance": info, "data": data}, indent=1) + "\n")  # fmt: skip
     print(f"wrote {target.relative_to(ROOT)}")
+
+
+def write(check: bool) -> int:
+    """Regenerates (`check`: finds) every stale block and picture; 1 when one fails."""
+    stale, failed = [], []
+    for page in PAGES:
+        try:
+            if (new := render(old := page.read_text())) != old:
+                stale.append(str(page.relative_to(ROOT)))
+                if not check:
+                    page.write_text(new)
+        except (KeyError, FileNotFoundError) as e:
+            failed.append(f"{page.relative_to(ROOT)}: {e}")
+    for pic in stale_pictures():
+        stale.append(str(pic.relative_to(ROOT)))
+        if not check and PICTURES[pic] == "bench":
+            draw(figures(), pic)
+        elif not check:
+            failed.append(
+                f"{pic.relative_to(ROOT)}: python tools/figures.py record {PICTURES[pic]}"
+            )
+    for name, p in entries().items():
+        if (why := fd.stale(p)) and name not in fd.STALE:
+            failed.append(f"{name}: stale ({why}): measure it again or list it in STALE")
+    print(*(f"cannot render {line}" for line in failed), sep="\n", file=sys.stderr)
+    if check and stale:
+        print("stale (python tools/figures.py write):", *stale, sep="\n  ")
+    if failed or (check and stale):
+        return 1
+    print(("rewrote: " + ", ".join(stale)) if stale else "every figures block is current")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="verb", required=True)
     sub.add_parser("record").add_argument("name", choices=sorted(RECORDERS))
-    s = sub.add_parser("start")
-    s.add_argument("name")
-    s.add_argument("command")
-    a = sub.add_parser("adopt")
-    a.add_argument("name")
-    a.add_argument("path", type=Path)
-    a.add_argument("--started", type=Path, required=True)
+    for verb, params in (("start", "name command"), ("adopt", "name path --started")):
+        p = sub.add_parser(verb)
+        for param in params.split():
+            p.add_argument(param, **({"required": True} if param.startswith("--") else {}))
     for verb in ("write", "check", "list"):
         sub.add_parser(verb)
     args = ap.parse_args(argv)
     if args.verb == "record":
         record(args.name)
     elif args.verb == "start":
-        print(json.dumps(provenance(args.command, args.name), indent=1))
+        print(json.dumps(fd.provenance(args.command, args.name), indent=1))
     elif args.verb == "adopt":
-        adopt(args.name, args.path, args.started)
+        adopt(args.name, Path(args.path), Path(args.started))
     elif args.verb == "list":
-        for k, v in sorted(figures().items()):
-            print(f"{k:40} {v.text:30} {v.source}")
+        print(*(f"{k:40} {v}" for k, v in sorted(figures().items())), sep="\n")
     else:
-        stale, failed = [], []
-        for page in PAGES:
-            old = page.read_text()
-            try:
-                new = render(old)
-            except (KeyError, FileNotFoundError) as e:
-                failed.append(f"{page.relative_to(ROOT)}: {e}")
-                continue
-            if new != old:
-                stale.append(str(page.relative_to(ROOT)))
-                if args.verb == "write":
-                    page.write_text(new)
-        for pic in stale_pictures():
-            stale.append(str(pic.relative_to(ROOT)))
-            if args.verb == "write" and PICTURES[pic] == "bench":
-                figures_bench.draw(figures(), pic)
-            elif args.verb == "write":
-                failed.append(
-                    f"{pic.relative_to(ROOT)}: python tools/figures.py record {PICTURES[pic]}"
-                )
-        for name, p in entries().items():
-            if (why := figures_data.stale(p)) and name not in STALE:
-                failed.append(f"{name}: stale ({why}): measure it again or list it in STALE")
-        for line in failed:
-            print("cannot render", line, file=sys.stderr)
-        if args.verb == "check" and stale:
-            print("stale (python tools/figures.py write):", *stale, sep="\n  ")
-        if failed or (args.verb == "check" and stale):
-            return 1
-        print(("rewrote: " + ", ".join(stale)) if stale else "every figures block is current")
+        return write(check=args.verb == "check")
     return 0
 
 

@@ -26,7 +26,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import figures  # noqa: E402
-import figures_bench  # noqa: E402
 import figures_data  # noqa: E402
 
 ROLE = re.compile(r"\{fig\}`([\w.+-]+)`")
@@ -160,7 +159,7 @@ def test_every_role_names_a_figure():
      ("bench-sources", ["step", "unscale", "compile", "update_scale", "torch", "multidevice"])],
 )  # fmt: skip
 def test_every_performance_block_names_its_runs_machine(name, runs):
-    text = figures_bench.BLOCKS[name](figures.figures())
+    text = figures.BLOCKS[name](figures.figures())
     for w in runs:
         assert figures.fig(f"source.bench.{w}") in text, (name, w)
 
@@ -186,15 +185,8 @@ def _synthetic_bench(seed: int = 0) -> dict:
     return data
 
 
-def _with_bench(monkeypatch, data: dict) -> dict[str, figures_data.Fig]:
-    real = figures_data.load.__wrapped__
-    monkeypatch.setattr(
-        figures_data, "load", lambda p: data if Path(p) == figures_data.BENCH else real(p)
-    )
-    monkeypatch.setattr(figures_bench, "bench_runs", lambda: data["runs"])
-    out: dict[str, figures_data.Fig] = {}
-    figures_bench.figures(out)
-    return out
+def _with_bench(data: dict) -> dict[str, str]:
+    return figures.bench_figures(data["runs"])
 
 
 def _cells(markdown: str) -> dict[str, dict[str, str]]:
@@ -211,9 +203,9 @@ def _median(t: dict, row: str, base: str) -> list[float]:
     return [x / y for x, y in zip(a, b, strict=True)]
 
 
-def test_the_pass_table_puts_each_ratio_under_its_header(monkeypatch):
+def test_the_pass_table_puts_each_ratio_under_its_header():
     data = _synthetic_bench()
-    cells = _cells(figures_bench.pass_table(_with_bench(monkeypatch, data)))
+    cells = _cells(figures.BLOCKS["pass-table"](_with_bench(data)))
     tables = {t["title"]: t for r in data["runs"].values() for t in r["tables"]}
     row = {"call": "ours unscale_and_check[auto]", "inside": "ours[auto] inside a program",
            "torch": "torch fused", "limit": "memory-bandwidth limit"}  # fmt: skip
@@ -235,17 +227,17 @@ def test_the_pass_table_puts_each_ratio_under_its_header(monkeypatch):
             assert len(checked) in (0, 4)  # a row's cells distinct: a swap cannot pass
 
 
-def test_the_step_and_compile_tables_put_each_ratio_under_its_header(monkeypatch):
+def test_the_step_and_compile_tables_put_each_ratio_under_its_header():
     data = _synthetic_bench(1)
-    f = _with_bench(monkeypatch, data)
+    f = _with_bench(data)
     tables = {t["title"]: t for r in data["runs"].values() for t in r["tables"]}
-    step = _cells(figures_bench.step_table(f))
+    step = _cells(figures.BLOCKS["step-table"](f))
     for header, dtype in (("float16 compute", "float16"), ("float32 compute", "float32")):
         t = next(v for k, v in tables.items() if k.endswith(f"{dtype} compute"))
         for label, row in (("jmp `DynamicLossScale`", "jmp"), ("flax `DynamicScale`", "flax")):
             want = figures_data.ratio_text(_median(t, row, "plain"))
             assert step[label][header] == want
-    comp = _cells(figures_bench.compile_table(f))
+    comp = _cells(figures.BLOCKS["compile-table"](f))
     for n in (10, 100):
         t = tables[f"training step, {n} parameter leaves"]
         want = figures_data.median_text(_median(t, "ours loss_scaled[auto]", "plain"))
@@ -261,8 +253,8 @@ def test_a_verdict_follows_its_figure():
 
 def test_a_status_is_the_default_paths_figure():
     """Recomputed here from the raw times: met exactly when the default's median is within."""
-    runs = figures_data.bench_runs()
-    for short, dtype in figures_bench.DTYPES.items():
+    runs = figures_data.load(figures_data.BENCH)["runs"]
+    for short, dtype in figures.DTYPES.items():
         t = next(t for t in runs["step"]["tables"] if t["title"].endswith(f"{dtype} compute"))
         want = "met" if statistics.median(_median(t, "ours loss_scaled[auto]", "plain")) <= 1 else "not met"  # fmt: skip
         assert figures.fig(f"target.step.{short}") == want
@@ -407,11 +399,11 @@ def test_a_timing_has_no_more_digits_than_its_spread(values, text):
     assert figures_data.ratio_text(values) == text
 
 
-def test_deleting_a_number_fails_a_page(monkeypatch):
+def test_deleting_a_number_fails_a_page():
     data = _synthetic_bench()
     data["runs"]["step"]["tables"][0]["rows"][1]["times"].pop()
     with pytest.raises(ValueError):
-        _with_bench(monkeypatch, data)
+        _with_bench(data)
 
 
 def test_a_recorder_takes_commit_dirty_flag_and_sources():
