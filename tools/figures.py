@@ -51,19 +51,12 @@ COMPILE = ((10, 100, 1000), ("auto", "reference", "jmp", "flax", "optax"))  # le
 PASS_LEAVES = (1, 100, 10000)
 PASS_ROWS = {"call": "ours unscale_and_check[auto]", "inside": "ours[auto] inside a program",
              "torch": "torch fused", "limit": "memory-bandwidth limit", "floor": "jit dispatch floor"}  # fmt: skip
-PASS_COLUMNS = {"/ torch, one call": ("call", "torch"), "/ torch, in a program": ("inside", "torch"),
-                "/ limit, one call": ("call", "limit"), "/ limit, in a program": ("inside", "limit")}  # fmt: skip
-# (name, what, the figure it reads, the most it may be)
-TARGETS = [
-    ("step.f16", "a float16-compute step, at most 1.0x the plain step", "step.f16.auto", 1.0),
-    ("step.f32", "a float32-compute step, at most 1.0x the plain step", "step.f32.auto", 1.0),
-    ("amax", "`amax_scaler`'s step, at most 1.01x `dynamic_scaler`'s", "step.f32.amax_vs_auto", 1.01),
-    ("compile", "compile time, at most 1.3x the plain step's", "compile.auto.worst", 1.3),
-    ("pass.inside.torch", "the gradient pass in a program, at most 1.0x torch's op", "pass.inside.torch.worst", 1.0),
-    ("pass.inside.limit", "the gradient pass in a program, at most 1.1x the bandwidth limit", "pass.inside.limit.worst", 1.1),
-    ("pass.call.torch", "the gradient pass as one call, at most 1.0x torch's op", "pass.call.torch.worst", 1.0),
-    ("pass.call.limit", "the gradient pass as one call, at most 1.1x the bandwidth limit", "pass.call.limit.worst", 1.1),
-]  # fmt: skip
+PASS_COLUMNS = [("call", "torch"), ("inside", "torch"), ("call", "limit"), ("inside", "limit")]
+# Each target (its row in the targets block): the figure it reads and the most that may be.
+TARGETS = {"step.f16": ("step.f16.auto", 1.0), "step.f32": ("step.f32.auto", 1.0),
+           "amax": ("step.f32.amax_vs_auto", 1.01), "compile": ("compile.auto.worst", 1.3),
+           **{f"pass.{k}": (f"pass.{k}.worst", 1.0 if k.endswith("torch") else 1.1)
+              for k in ("inside.torch", "inside.limit", "call.torch", "call.limit")}}  # fmt: skip
 
 
 def _table(runs: dict[str, Any], workload: str, title_has: str) -> dict[str, Any]:
@@ -121,7 +114,7 @@ def bench_figures(runs: dict[str, Any]) -> Figs:
         for n in PASS_LEAVES:
             t = _table(runs, "2. One pass over the gradients", f"MiB {dtype} over {n} leaves")
             f["pass.reps"] = str(t["reps"])
-            for how, base in [*PASS_COLUMNS.values(), ("floor", "torch")]:
+            for how, base in [*PASS_COLUMNS, ("floor", "torch")]:
                 r, name = _paired(t, PASS_ROWS[how], PASS_ROWS[base]), f"pass.{how}.{base}"
                 f[f"{name}.{short}.{n}"] = median_text(r) if r else "not run"
                 if not r:  # not run (its budget): the target says so
@@ -146,7 +139,7 @@ def bench_figures(runs: dict[str, Any]) -> Figs:
         t = _table(runs, "7. Eight devices", f"{layout}: MLP")
         for key in ("native", "reference"):
             f[f"multi.{layout}.{key}"] = ratio_text(_paired(t, key, "plain"))
-    for name, _what, figure, most in TARGETS:
+    for name, (figure, most) in TARGETS.items():
         if figure in v:
             f[f"target.{name}"] = "met" if v[figure] <= most else "not met"
     p = entries()
@@ -244,12 +237,12 @@ def fig(name: str) -> str:
         raise KeyError(f"no figure named {name!r} (python tools/figures.py list)") from None
 
 
-# ---- the blocks: each a table (tabulate) or prose, from the figures -------------------
+# ---- the blocks: from their templates (tools/figures_blocks.md), or made in code ---------
 
 
-def _md(rows: list[list[str]], head: list[str], numbers_right: bool = False) -> str:
-    """A markdown table; the cells as given (no number parsing)."""
-    align = ["left"] + ["right" if numbers_right else "left"] * (len(head) - 1)
+def _md(rows: list[list[str]], head: list[str], align: list[str] | None = None) -> str:
+    """A markdown table, the cells as given (no number parsing); left-aligned unless `align`."""
+    align = align or ["left"] * len(head)
     return tabulate(rows, head, tablefmt="github", colalign=align, disable_numparse=True) + "\n"
 
 
@@ -258,17 +251,24 @@ def _fill(f: Figs, template: str, missing: str | None = None) -> str:
     return re.sub(r"\{([\w.+^-]+)\}", lambda m: f[m[1]] if missing is None else f.get(m[1], missing), template)  # fmt: skip
 
 
-def _text(template: str) -> Callable[[Figs], str]:
-    """Prose: `template` with each ``{NAME}`` the figure's text."""
-    return lambda f: _fill(f, template)
+def _template(text: str) -> Callable[[Figs], str]:
+    """A block from its template: the figures filled in, each table laid out by tabulate."""
 
+    def block(f: Figs) -> str:
+        out, table = [], []
+        for line in [*text.splitlines(keepends=True), ""]:
+            if line.startswith("|"):
+                table.append([c.strip() for c in line.strip().strip("|").split("|")])
+                continue
+            if table:
+                head, sep, *rows = table
+                align = ["right" if c.endswith(":") else "left" for c in sep]
+                out.append(_md([[_fill(f, c, "not run") for c in r] for r in rows], head, align))
+                table = []
+            out.append(_fill(f, line))
+        return "".join(out)
 
-def _bench_table(
-    head: list[str], rows: dict[str, list[str]], workload: str
-) -> Callable[[Figs], str]:
-    """A table of the benchmark: each cell a figure's ``{NAME}`` (one missing: not run)."""
-    cells = [[k, *cs] for k, cs in rows.items()]
-    return lambda f: _md([[_fill(f, c, "not run") for c in r] for r in cells], head, True) + _fill(f, f"\nFrom {{source.bench.{workload}}}.\n")  # fmt: skip
+    return block
 
 
 def _per_run(skip: tuple[str, ...], cell: Callable[[dict[str, Any]], str]) -> Callable[[Figs], str]:
@@ -306,99 +306,21 @@ def transformer_table(f: Figs) -> str:
     return _md(rows, head) + f"\nFrom {f['source.transformer_lm']}.\n"
 
 
-def targets(f: Figs) -> str:
-    rows = [[what, f.get(figure, "-"), f[f"target.{name}"]] for name, what, figure, _ in TARGETS if f"target.{name}" in f]  # fmt: skip
-    rows.append(["on a GPU", "never run", "not measured"])
-    return _md(rows, ["target", "the default path", "status"], True) + "\nFrom:\n\n" + _fill(f, BENCH_SOURCES)  # fmt: skip
+def demo_summary(f: Figs) -> str:
+    """As the demo prints its summary's last rows."""
+    rows = [("final scale", f["demo.final_scale"]), ("last loss (batch)", f["demo.last_batch_loss"]),
+            ("loss (all data)", f"{f['demo.eval_loss']} (float32: {f['demo.baseline_eval_loss']}, {f['demo.gap']})")]  # fmt: skip
+    body = "\n".join(f"| {k:<17} | {v:<40} |" for k, v in rows)
+    return f"```text\n{body}\n```\n\nfrom {f['source.demo']}.\n"
 
 
-BENCH_SOURCES = "- {source.bench.step}\n- {source.bench.compile}\n- {source.bench.unscale}\n"
-STEP_LABELS = {"auto": '**`loss_scaled`, default (`"auto"`)**', "reference": '`loss_scaled`, `backend="reference"`',
-               "ffi": '`loss_scaled`, `backend="ffi"`', "amax": "`loss_scaled` with `amax_scaler()`",
-               "handwritten": "hand-written exact skip (no library)", "optax": "optax `apply_if_finite` (static scale)",
-               "flax": "flax `DynamicScale`", "jmp": "jmp `DynamicLossScale`"}  # fmt: skip
-COMPILE_LABELS = {"auto": "**`loss_scaled`, default**", "reference": "`loss_scaled`, reference", "flax": "flax `DynamicScale`",
-                  "optax": "optax `apply_if_finite`", "jmp": "jmp `DynamicLossScale`"}  # fmt: skip
-BLOCKS: dict[str, Callable[[Figs], str]] = {
-    "readme-performance": _text(
-        "- On a {machine.bench.step}, a `loss_scaled` training step costs {step.f16.auto} the plain "
-        "step with float16 compute and {step.f32.auto} with float32 compute (target at most 1.0x: "
-        "float16 **{target.step.f16}**, float32 **{target.step.f32}**); the peers' steps cost "
-        "{step.f16.peers.range} (float16) and {step.f32.peers.range} (float32).\n"
-        "- On a {machine.bench.compile}, compiling the step takes {compile.auto.range} the plain "
-        "step's time (target at most 1.3x: **{target.compile}**).\n"
-        "- On a {machine.bench.unscale}, the fused gradient pass inside a compiled program: at worst "
-        "{pass.inside.torch.worst} torch's fused op (**{target.pass.inside.torch}**) and "
-        "{pass.inside.limit.worst} the memory-bandwidth limit's time (**{target.pass.inside.limit}**)."
-        "\n\n" + BENCH_SOURCES
-    ),
-    "bench-sources": _text("".join(f"- {w}: {{source.bench.{w}}}\n" for w in load(BENCH)["runs"])),
-    "step-table": _bench_table(
-        ["candidate", "float16 compute", "float32 compute"],
-        {"plain step ({step.f16.plain_ms}; {step.f32.plain_ms})": ["1", "1"]}
-        | {label: [f"{{step.{s}.{k}}}" for s in DTYPES] for k, label in STEP_LABELS.items()},
-        "step",
-    ),
-    "compile-table": _bench_table(
-        ["parameter leaves", *(f"{n:,}" for n in COMPILE[0])],
-        {"plain step": [f"{{compile.{n}.plain_s}}" for n in COMPILE[0]]}
-        | {
-            label: [f"{{compile.{n}.{k}}}" for n in COMPILE[0]]
-            for k, label in COMPILE_LABELS.items()
-        }
-        | {"compiles per cell": [f"{{compile.{n}.reps}}" for n in COMPILE[0]]},
-        "compile",
-    ),
-    "pass-table": _bench_table(
-        ["dtype, leaves", *PASS_COLUMNS],
-        {
-            f"{dtype}, {n:,}": [f"{{pass.{h}.{b}.{s}.{n}}}" for h, b in PASS_COLUMNS.values()]
-            for s, dtype in DTYPES.items()
-            for n in PASS_LEAVES
-        },
-        "unscale",
-    ),
-    "targets": targets,
-    "readme-commands": _text(
-        "Both commands, timed in a fresh clone and venv: the demo's install {readme.demo.install} "
-        "and the demo {readme.demo.run}; the tests' install {readme.tests.install} and the tests "
-        "{readme.tests.run} ({readme.tests.passed} passed, {readme.tests.skipped} skipped), jax "
-        "{readme.tests.jax}; from {source.readme_commands}.  The install compiles the native "
-        "handlers.  `python tools/figures.py record readme_commands` times them again.\n"
-    ),
-    "torch-twin": _text(
-        'Against torch {twin.torch} (`GradScaler("cpu")`, `autocast("cpu", float16)`), '
-        "{twin.steps} steps: float32 losses agree within {twin.f32.max_diff} at every step "
-        "(tolerance {twin.f32.tolerance}), float16 within {twin.f16.max_diff} (tolerance "
-        "{twin.f16.tolerance}), and the scale is {twin.scales}.  From {source.transformer_lm_torch}.\n"
+TEMPLATES = BLOCK.finditer((ROOT / "tools" / "figures_blocks.md").read_text())
+BLOCKS: dict[str, Callable[[Figs], str]] = {m[2]: _template(m[3]) for m in TEMPLATES} | {
+    "bench-sources": lambda f: "".join(
+        f"- {w}: {f[f'source.bench.{w}']}\n" for w in load(BENCH)["runs"]
     ),
     "transformer-table": transformer_table,
-    "transformer-summary": _text(
-        "float16 with loss scaling tracks float32 (evaluation loss {lm.float16+scaling.gap}); "
-        "float16 without scaling falls behind ({lm.float16.gap}): at initialisation "
-        "{lm.float16.zeros} of its gradient entries are exactly zero against {lm.float32.zeros} in "
-        "float32 (the embedding rows of bytes absent from the batch).  With the plain mean "
-        "(`--global-batch-tokens 2048`, gradients 128 times larger) this small model does not need "
-        "scaling: evaluation loss float32 {lm_mean.float32.eval_loss}, float16 without scaling "
-        "{lm_mean.float16.eval_loss} ({source.transformer_lm_mean}).\n"
-    ),
-    # As the demo prints its summary's last rows.
-    "demo-summary": lambda f: (
-        "```text\n"
-        + "\n".join(
-            f"| {k:<17} | {v:<40} |"
-            for k, v in [
-                ("final scale", f["demo.final_scale"]),
-                ("last loss (batch)", f["demo.last_batch_loss"]),
-                (
-                    "loss (all data)",
-                    f"{f['demo.eval_loss']} (float32: {f['demo.baseline_eval_loss']}, {f['demo.gap']})",
-                ),
-            ]
-        )
-        + f"\n```\n\nfrom {f['source.demo']}.\n"
-    ),
-    "amax-source": _text("- {source.amax_study}\n"),
+    "demo-summary": demo_summary,
     "amax-default": lambda f: _study(f, stress=False),
     "amax-stress": lambda f: _study(f, stress=True),
     "amax-first-step": _per_run(("float32",), lambda r: f"{r['first_underflow']:.1e}"),
