@@ -17,7 +17,6 @@ range); a target's status is computed here, once, from the default path's figure
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -456,7 +455,8 @@ def write(check: bool) -> int:
     for name, p in entries().items():
         if (why := fd.stale(p)) and name not in fd.STALE:
             failed.append(f"{name}: stale ({why}): measure it again or list it in STALE")
-    print(*(f"cannot render {line}" for line in failed), sep="\n", file=sys.stderr)
+    for line in failed:
+        print("cannot render", line, file=sys.stderr)
     if check and stale:
         print("stale (python tools/figures.py write):", *stale, sep="\n  ")
     if failed or (check and stale):
@@ -466,26 +466,20 @@ def write(check: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="verb", required=True)
-    sub.add_parser("record").add_argument("name", choices=sorted(RECORDERS))
-    for verb, params in (("start", "name command"), ("adopt", "name path --started")):
-        p = sub.add_parser(verb)
-        for param in params.split():
-            p.add_argument(param, **({"required": True} if param.startswith("--") else {}))
-    for verb in ("write", "check", "list"):
-        sub.add_parser(verb)
-    args = ap.parse_args(argv)
-    if args.verb == "record":
-        record(args.name)
-    elif args.verb == "start":
-        print(json.dumps(fd.provenance(args.command, args.name), indent=1))
-    elif args.verb == "adopt":
-        adopt(args.name, Path(args.path), Path(args.started))
-    elif args.verb == "list":
+    verb, *args = (sys.argv[1:] if argv is None else argv) or ["help"]
+    if verb == "record" and len(args) == 1 and args[0] in RECORDERS:
+        record(args[0])
+    elif verb == "start" and len(args) == 2:
+        print(json.dumps(fd.provenance(args[1], args[0]), indent=1))
+    elif verb == "adopt" and len(args) == 4 and args[2] == "--started":
+        adopt(args[0], Path(args[1]), Path(args[3]))
+    elif verb == "list" and not args:
         print(*(f"{k:40} {v}" for k, v in sorted(figures().items())), sep="\n")
+    elif verb in ("write", "check") and not args:
+        return write(check=verb == "check")
     else:
-        return write(check=args.verb == "check")
+        print(__doc__.split("\n\n")[1], f"\nrecord NAME: one of {', '.join(RECORDERS)}", file=sys.stderr)  # fmt: skip
+        return 2
     return 0
 
 
