@@ -12,6 +12,7 @@ import json
 import math
 import statistics
 import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -125,32 +126,16 @@ def script_of(command: str) -> str | None:
 
 
 def provenance(command: str, name: str) -> dict[str, Any]:
-    """What a recorder takes at the start: commit, dirty flag, sources, machine, versions."""
-    import importlib
-    import os
-    import platform
-    import time
+    """What a recorder takes at the start: the machine and versions (as the benchmark
+    records them), the command, the commit, and whether a source has uncommitted changes."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import _harness
 
     sources = SOURCES[name] + [s for s in [script_of(command)] if s]
-    cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"],
-                         capture_output=True, text=True).stdout.strip()  # fmt: skip
-    info: dict[str, Any] = {
-        "command": command,
-        "date (UTC)": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "cpu": cpu or platform.machine(),
-        "cores (os.cpu_count)": str(os.cpu_count()),
-        "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-        "python": platform.python_version(),
-        "commit": _git("rev-parse", "--short", "HEAD").stdout.strip(),
-        "dirty": bool(_git("status", "--porcelain", "--", *sources).stdout.strip()),
-        "sources": sources,
-    }
-    for mod in ("jax", "jaxlib", "numpy", "optax", "torch", "flax"):
-        try:
-            info[mod] = str(importlib.import_module(mod).__version__)
-        except ImportError:
-            info[mod] = "not installed"
-    return info
+    dirty = bool(_git("status", "--porcelain", "--", *sources).stdout.strip())
+    commit = _git("rev-parse", "--short", "HEAD").stdout.strip()
+    return {**_harness.machine_info(), "command": command, "commit": commit, "dirty": dirty,
+            "sources": sources}  # fmt: skip
 
 
 def machine(p: dict[str, Any]) -> str:
