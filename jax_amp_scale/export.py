@@ -1,14 +1,10 @@
 """`jax.export` of steps that call the library's native handlers: `export`, `deserialize`.
 
-`jax.export` serializes a custom call only when its target is on JAX's list
-of targets with compatibility guarantees, or when the caller disables that
-check for the target by name.  The library gives the guarantee itself:
-every FFI target name carries the version of its operands and attributes
-(ffi/targets.h), and a published name stays registered with a handler for
-its own set (tests/fixtures/ holds artifacts every release must run with the
-same bits).  So `export` disables the check for exactly those names
-(`exportable_targets`), and `deserialize` registers the handlers first (a
-fresh process has not).  Serializing needs ``flatbuffers`` (the ``export``
+The library gives its custom calls the compatibility guarantee JAX asks for
+(every target name is versioned, ffi/targets.h, and stays served;
+docs/guide/export.md), so `export` disables JAX's check for exactly those
+names (`exportable_targets`), and `deserialize` registers the handlers first
+(a fresh process has not).  Serializing needs ``flatbuffers`` (the ``export``
 extra).
 """
 

@@ -30,14 +30,23 @@ __all__ = [
 ]
 
 
-def _check_is_loaded_plugin(platform: str, path: str, api: int) -> None:
-    """Raises unless `path`'s PJRT API is the one JAX loaded for `platform`.
+def _library_api(platform: str, library_path: str | os.PathLike[str], handler: Any) -> int:
+    """The PJRT API table of `library_path`, checked to be the plugin JAX
+    loaded for `platform` (`register`'s ``library_path``).
 
     ``GetPjrtApi()`` returns one static table per loaded library, and
     dlopen of a library already loaded returns that library: the same file
     gives the same address, another file (another plugin, another copy)
     another one.
     """
+    if handler is None:
+        handlers.default_handler(platform)  # a handler that was not built: say so first
+    path = os.fspath(library_path)
+    try:
+        plugin_module = importlib.import_module("jax_amp_scale._native_plugin")
+        api: int = plugin_module.api_from_library(path)
+    except RuntimeError as e:
+        raise PluginRegistrationError(str(e)) from None
     try:
         loaded = handlers.loaded_plugin_api(platform)
     except PluginRegistrationError:
@@ -56,19 +65,6 @@ def _check_is_loaded_plugin(platform: str, path: str, api: int) -> None:
             "it would not reach that platform. Omit library_path= to use the "
             "loaded plugin"
         )
-
-
-def _library_api(platform: str, library_path: str | os.PathLike[str], handler: Any) -> int:
-    """The PJRT API table of `library_path`, checked to be the plugin JAX
-    loaded for `platform` (`register`'s ``library_path``)."""
-    if handler is None:
-        handlers.default_handler(platform)  # a handler that was not built: say so first
-    try:
-        plugin_module = importlib.import_module("jax_amp_scale._native_plugin")
-        api: int = plugin_module.api_from_library(os.fspath(library_path))
-    except RuntimeError as e:
-        raise PluginRegistrationError(str(e)) from None
-    _check_is_loaded_plugin(platform, os.fspath(library_path), api)
     return api
 
 

@@ -20,7 +20,7 @@ from jax_amp_scale.mechanisms.floats import is_float_leaf
 from jax_amp_scale.operators.scale_state import check_dtype
 from jax_amp_scale.operators.unscale_and_check import PyTree
 from jax_amp_scale.training import scalers
-from jax_amp_scale.training.scaling import key_name
+from jax_amp_scale.training.scaling import path_key
 
 __all__ = ["LEVELS", "Policy", "get_policy", "scaler_for"]
 
@@ -37,7 +37,7 @@ NORM_RULES: tuple[str, ...] = (
 
 def path_names(path: Any) -> list[str]:
     """The whole names a string rule is matched against, for one key path."""
-    names = (key_name(key).split("/") for key in path)  # haiku's "a/~/b"
+    names = (str(path_key(key)).split("/") for key in path)  # haiku's "a/~/b"
     return [part for parts in names for part in parts if part and part != "~"]
 
 

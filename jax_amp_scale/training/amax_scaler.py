@@ -17,7 +17,7 @@ import numpy as np
 from jax_amp_scale.mechanisms.floats import is_float_leaf
 from jax_amp_scale.mechanisms.handlers import Backend, check_backend
 from jax_amp_scale.operators import unscale_and_check as gradient_pass
-from jax_amp_scale.operators.scale_state import ScaleState, check_factor, check_int
+from jax_amp_scale.operators.scale_state import ScaleState, check_dtype, check_factor, check_int
 from jax_amp_scale.operators.unscale_and_check import PyTree
 from jax_amp_scale.training.scalers import ScalerBase, fixed_state, found_flag, register_scaler
 
@@ -72,7 +72,7 @@ class AmaxScaler(ScalerBase):
     @property
     def target(self) -> float:
         """The line the amax is kept under, ``largest / 2**(margin + ceil(log2(micro_batches)))``."""
-        return self.largest / 2.0 ** (self.margin + _ceil_log2(self.micro_batches))
+        return self.largest / 2.0 ** (self.margin + (self.micro_batches - 1).bit_length())
 
     def unscale_and_update(
         self,
@@ -262,10 +262,6 @@ def _power(e: jax.Array) -> jax.Array:
     return jnp.ldexp(jnp.float32(1.0), e.astype(jnp.int32))
 
 
-def _ceil_log2(n: int) -> int:
-    return (int(n) - 1).bit_length()
-
-
 def _log2_exact(value: float) -> int:
     _, e = math.frexp(value)
     return e - 1  # value is a checked power of two: m == 0.5
@@ -282,7 +278,7 @@ def _power_of_two(value: Any, name: str) -> float:
     return v
 
 
-_COMPUTE_DTYPES = ("float16", "bfloat16", "float32")
+_COMPUTE_DTYPES = {jnp.dtype(d) for d in (jnp.float16, jnp.bfloat16, jnp.float32)}
 
 
 def amax_scaler(
@@ -340,9 +336,11 @@ def amax_scaler(
     m, k = check_int(margin, "margin", 0, 24), check_int(micro_batches, "micro_batches")
     interval = check_int(growth_interval, "growth_interval")
     lo, hi, init = _checked_scales(min_scale, max_scale, init_scale)
-    name, paths = _compute_dtype_name(compute_dtype), _leaf_paths(per_leaf)
-    fresh = _fresh(init, m, k, lo, hi, interval, name, paths, drop_overflow_update)
-    return dataclasses.replace(fresh, measured=_measured(measure))  # () measures every leaf
+    words = "one of float16, bfloat16, float32"
+    name = check_dtype(compute_dtype, "compute_dtype", _COMPUTE_DTYPES, words, ValueError).name
+    paths = _leaf_paths(per_leaf)
+    static = (m, k, lo, hi, interval, name, paths, drop_overflow_update, _measured(measure))
+    return AmaxScaler(*_first_leaves(init, lo, len(paths)), *static)
 
 
 def _measured(measure: PyTree) -> tuple[tuple[str, bool], ...]:
@@ -385,16 +383,6 @@ def _checked_scales(min_scale: Any, max_scale: Any, init_scale: Any) -> tuple[fl
     return lo, hi, init
 
 
-def _compute_dtype_name(compute_dtype: Any) -> str:
-    try:
-        name = jnp.dtype(compute_dtype).name
-    except TypeError:
-        name = repr(compute_dtype)
-    if name not in _COMPUTE_DTYPES:
-        raise ValueError(f"compute_dtype must be one of {', '.join(_COMPUTE_DTYPES)}; got {name}")
-    return name
-
-
 def _leaf_paths(per_leaf: PyTree) -> tuple[str, ...]:
     """The keystr paths of `per_leaf`'s floating leaves; () for None."""
     if per_leaf is None:
@@ -406,50 +394,19 @@ def _leaf_paths(per_leaf: PyTree) -> tuple[str, ...]:
     return paths
 
 
-def _fresh(
-    init: float,
-    margin: int,
-    micro_batches: int,
-    min_scale: float,
-    max_scale: float,
-    growth_interval: int,
-    compute_dtype: str,
-    leaf_paths: tuple[str, ...],
-    drop_overflow_update: bool,
-) -> AmaxScaler:
-    """A scaler before its first step: at the probe scale, under ceiling `init`."""
-    f32 = functools.partial(jnp.zeros, (), jnp.float32)
-    probe = min(max(_PROBE, min_scale), init)
-    return AmaxScaler(
+def _first_leaves(ceiling: float, min_scale: float, n_leaves: int) -> tuple[Any, ...]:
+    """The leaves before the first step: the probe scale under `ceiling`, nothing measured."""
+    zero = functools.partial(jnp.zeros, (), jnp.float32)
+    probe = min(max(_PROBE, min_scale), ceiling)
+    return (
         fixed_state(probe, jnp.float32, ()),
-        jnp.full((), init, jnp.float32),
-        f32(),
-        f32(),
+        jnp.full((), ceiling, jnp.float32),
+        zero(),
+        zero(),
         jnp.full((), _NO_STEP, jnp.int32),
         jnp.zeros((), jnp.int32),
-        jnp.zeros((len(leaf_paths),), jnp.float32) if leaf_paths else None,
-        margin,
-        micro_batches,
-        min_scale,
-        max_scale,
-        growth_interval,
-        compute_dtype,
-        leaf_paths,
-        drop_overflow_update,
+        jnp.zeros((n_leaves,), jnp.float32) if n_leaves else None,
     )
 
 
-register_scaler(
-    AmaxScaler,
-    [
-        "margin",
-        "micro_batches",
-        "min_scale",
-        "max_scale",
-        "growth_interval",
-        "compute_dtype",
-        "leaf_paths",
-        "drop_overflow_update",
-        "measured",
-    ],
-)
+register_scaler(AmaxScaler)

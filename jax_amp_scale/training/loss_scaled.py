@@ -199,9 +199,8 @@ def describe(scaler: Any) -> str:
 
 
 # Two optax wrappers around loss_scaled break it with no sign in their state or
-# calls: only the caller of init tells them apart (their init calls the wrapped
-# one in every optax from 0.2.4, the oldest supported, to 0.2.8;
-# tests/training/loss_scaled/test_accumulate_and_guards.py checks both against the installed optax).
+# calls: only the caller of init tells them apart
+# (tests/training/loss_scaled/test_accumulate_and_guards.py checks both).
 WRAPPER_ERRORS = {
     "optax.MultiSteps": "loss_scaled(...) inside optax.MultiSteps: MultiSteps keeps its "
     "accumulator as (1 - emit) * acc, so one overflowing micro-batch leaves a NaN in it for "
@@ -326,10 +325,9 @@ class _Step:
                 f"got {type(inner).__name__}"
             )
         scaler = scalers.as_scaler(scaler)
-        limit = max_consecutive_overflows
+        limit, skip_nonfinite = max_consecutive_overflows, skip_nonfinite_updates
         if limit is not None:
             limit = check_int(limit, "max_consecutive_overflows", 1, None, "an int >= 1 or None")
-        skip_nonfinite = skip_nonfinite_updates
         if skip_nonfinite is not None:
             skip_nonfinite = check_bool(skip_nonfinite, "skip_nonfinite_updates")
         reporting = check_bool(host_reports, "host_reports")

@@ -1,14 +1,9 @@
 """A check by value for saturation mode, where the hardware's flag cannot be
-read: a heuristic, opt in, with known misses (docs/ascend.md).
-
-On an Ascend device in saturation mode a float16 overflow stores +-65504 and
-NaN stores 0 (hiascend Pytorch/600 Envvariables Envir_004), so the gradients
-hold no inf/NaN.  The library reads the hardware's overflow flag there
-(operators/float_status.py); where that is not possible, this piece counts
-a float16 gradient entry at +-65504 as an overflow, by turning it into an
-inf that every check downstream (`unscale_and_check`, `loss_scaled`, the
-scalers) sees.  It is a function of the gradients, not an option of those,
-so it composes with any of them.
+read (operators/float_status.py reads it where it can): a heuristic, opt in,
+with known misses (docs/ascend.md).  On an Ascend device in saturation mode a
+float16 overflow stores +-65504 and NaN stores 0 (hiascend Pytorch/600
+Envvariables Envir_004), so the gradients hold no inf/NaN.  A function of the
+gradients, not an option of the checks, so it composes with any of them.
 """
 
 from __future__ import annotations

@@ -244,17 +244,19 @@ class NoOpScaler(ScalerBase):
         return True
 
 
-def register_scaler(cls: type, meta_fields: list[str]) -> None:
-    """Registers a scaler dataclass as a pytree (`meta_fields` static, the rest
-    leaves) and for jax.export serialization under the same names."""
-    data = [f.name for f in dataclasses.fields(cls) if f.name not in meta_fields]
-    jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta_fields)
-    serialization.register_dataclass(cls, meta_fields)
+def register_scaler(cls: type) -> None:
+    """Registers a scaler dataclass as a pytree and for jax.export serialization:
+    the fields with a default are static, the others leaves."""
+    fields = dataclasses.fields(cls)
+    meta = [f.name for f in fields if f.default is not dataclasses.MISSING]
+    data = [f.name for f in fields if f.default is dataclasses.MISSING]
+    jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
+    serialization.register_dataclass(cls, meta)
 
 
-register_scaler(DynamicScaler, ["min_scale", "max_scale", "hysteresis", "drop_overflow_update"])
-register_scaler(StaticScaler, ["drop_overflow_update"])
-register_scaler(NoOpScaler, ["drop_overflow_update"])
+register_scaler(DynamicScaler)
+register_scaler(StaticScaler)
+register_scaler(NoOpScaler)
 
 
 def fixed_state(value: float, dtype: Any, shape: tuple[int, ...]) -> ScaleState:

@@ -1,15 +1,8 @@
 """`watch_amax`: the largest |cotangent| at a point of the backward pass,
-returned as the gradient of a probe.
-
-Under loss scaling, what overflows first is often not a parameter gradient
-but a float16 tensor inside the backward pass: an activation's cotangent, a
-matrix product's output (examples/overflow_first.py measures which).  The
-parameter gradients cannot show it: an overflow there is already inf by the
-time it reaches them.  `watch_amax` marks a point of the forward pass (an
-identity, optionally a cast); in the backward pass it passes the cotangent
-on unchanged and returns the cotangent's amax as the gradient of a float32
-scalar, the probe, in the same pass (no second one): the mechanism flax's
-fp8 ops use to return their amax history as a gradient.
+returned as the gradient of a probe (the mechanism flax's fp8 ops use to
+return their amax history).  What overflows first under loss scaling is
+often a float16 tensor inside the backward pass, which the parameter
+gradients only show as inf (examples/overflow_first.py measures which).
 """
 
 from __future__ import annotations
@@ -93,17 +86,10 @@ def watch_amax(x: Any, probe: Any, *, dtype: Any = None) -> jax.Array:
     """
     x = _check_x(x)
     probe = _check_probe(probe)
-    out = (
-        x.dtype
-        if dtype is None
-        else check_dtype(
-            dtype,
-            "watch_amax: dtype",
-            _FLOATS,
-            "None or a floating dtype (float16, bfloat16, float32 or float64)",
-            ValueError,
-        )
-    )
+    out = x.dtype
+    if dtype is not None:
+        words = "None or a floating dtype (float16, bfloat16, float32 or float64)"
+        out = check_dtype(dtype, "watch_amax: dtype", _FLOATS, words, ValueError)
     return _watch(x.dtype, out)(x, probe)
 
 
