@@ -88,10 +88,8 @@ def export(
         try:
             return _traced(exporter, whole, *args, **kw)
         except (ValueError, NotImplementedError) as e:
-            # JAX raises ValueError or NotImplementedError by version and by
-            # how the report lowers (jax >= 0.7 names the report's target;
-            # older jax trips its host-callback check on the callback branch
-            # first); the library says ValueError always.
+            # JAX raises either, by version and by how the report lowers (it
+            # names the report's target or its host callbacks): ValueError always.
             if _HOST_REPORT_PREFIX not in str(e) and "host_callbacks" not in str(e):
                 raise
             raise ValueError(

@@ -15,9 +15,11 @@ import importlib
 import os
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
 from jax_amp_scale.mechanisms import handlers, jax_internals
 from jax_amp_scale.mechanisms.handlers import CannLoadError, PluginRegistrationError, load_cann
-from jax_amp_scale.training.saturation import saturated_as_overflow
 
 __all__ = [
     "CannLoadError",
@@ -162,3 +164,35 @@ def register_in_api(
 def registrations() -> dict[str, str]:
     """Platforms registered on plugins in this process, with the route used."""
     return dict(handlers.ROUTES)
+
+
+# float16's largest finite value: where a saturated overflow lands.
+FLOAT16_MAX = 65504.0
+
+
+def saturated_as_overflow(tree: Any) -> Any:
+    """Every float16 entry of `tree` at +-65504 becomes +-inf; the rest is
+    returned as it is.
+
+    On an Ascend device in saturation mode a float16 overflow stores +-65504
+    and NaN stores 0 (hiascend Pytorch/600 Envvariables Envir_004), so the
+    gradients hold no inf/NaN.  Where the overflow flag cannot be read there
+    (operators/float_status.py reads it where it can), call this on the
+    gradients of the scaled loss, before `update` (or `unscale_and_check`):
+    a heuristic, opt in (docs/ascend.md), which composes with any check.
+    What it cannot see: a NaN that saturation turned into 0; an overflow in
+    an intermediate value that later operations scaled down or normalised
+    (only one that lands in a final gradient entry shows); anything in
+    float32 or bfloat16 leaves.  A gradient that is genuinely 65504 counts
+    as an overflow (a false positive, and a halved scale).
+
+    Args:
+      tree: any pytree; non-float16 leaves pass unchanged.
+    """
+
+    def one(x: Any) -> Any:
+        if getattr(x, "dtype", None) != jnp.float16:
+            return x
+        return jnp.where(jnp.abs(x) == FLOAT16_MAX, x * jnp.float16(jnp.inf), x)
+
+    return jax.tree_util.tree_map(one, tree)

@@ -135,27 +135,18 @@ class Policy:
         return jax.tree_util.tree_map_with_path(one, tree)
 
     def cast_to_param(self, tree: PyTree) -> PyTree:
-        """Floating leaves to `param_dtype` (keep-float32 leaves to float32).
-
-        Args:
-          tree: any pytree, usually the parameters; other leaves pass.
-        """
+        """`tree` (usually the parameters) with its floating leaves in `param_dtype`
+        (keep-float32 leaves in float32)."""
         return self._cast(tree, self.param_dtype, True)
 
     def cast_to_compute(self, tree: PyTree) -> PyTree:
-        """Floating leaves to `compute_dtype` (keep-float32 leaves to float32).
-
-        Args:
-          tree: any pytree, usually the parameters or a batch; other leaves pass.
-        """
+        """`tree` (the parameters, a batch) with its floating leaves in `compute_dtype`
+        (keep-float32 leaves in float32)."""
         return self._cast(tree, self.compute_dtype, True)
 
     def cast_to_output(self, tree: PyTree) -> PyTree:
-        """Floating leaves to `output_dtype` (no keep rules: outputs are outputs).
-
-        Args:
-          tree: any pytree, usually the loss or the logits; other leaves pass.
-        """
+        """`tree` (the loss, the logits) with its floating leaves in `output_dtype`
+        (no keep rules: outputs are outputs)."""
         return self._cast(tree, self.output_dtype, False)
 
     def __str__(self) -> str:

@@ -44,17 +44,15 @@ class Trainer:
       accumulate: micro-batches per optimizer step (each `step` call is one;
         parameters change on every `accumulate`-th call).
 
-    ``step(params, state, batch, loss_fn)`` returns ``(params, state,
-    metrics)``; ``loss_fn(params, batch)`` returns a floating scalar loss (or
-    ``(loss, aux)``).
-    ``metrics``: ``loss`` (unscaled, float32), ``scale`` (the scale this
-    step's loss was multiplied by), ``skipped`` (bool: the optimizer step
-    was dropped), ``found_inf`` (bool, False inside a window), ``reason``
-    (int32 `SkipReason`), ``consecutive_overflows``, ``skipped_steps`` and
-    ``total_steps`` (int32 optimizer steps, after this call), ``grad_norm``
-    (when a `clip_grad_norm` is in the optimizer), ``amax`` and
-    ``headroom_used`` (float32, with `amax_scaler`) and ``aux`` with
-    ``has_aux``.  With no update applied the params come back bit for bit.
+    `step` returns ``(params, state, metrics)``; ``metrics``: ``loss``
+    (unscaled, float32), ``scale`` (the scale this step's loss was multiplied
+    by), ``skipped`` (bool: the optimizer step was dropped), ``found_inf``
+    (bool, False inside a window), ``reason`` (int32 `SkipReason`),
+    ``consecutive_overflows``, ``skipped_steps`` and ``total_steps`` (int32
+    optimizer steps, after this call), ``grad_norm`` (when a `clip_grad_norm`
+    is in the optimizer), ``amax`` and ``headroom_used`` (float32, with
+    `amax_scaler`) and ``aux`` with ``has_aux``.  With no update applied the
+    params come back bit for bit.
     """
 
     def __init__(
@@ -97,11 +95,7 @@ class Trainer:
         self.tx = tx
 
     def init(self, params: PyTree) -> Any:
-        """The initial optimizer state for `params`.
-
-        Args:
-          params: the parameters, a pytree of arrays (what `step` takes).
-        """
+        """The initial optimizer state for `params` (the pytree `step` takes)."""
         return self.tx.init(params)
 
     def step(

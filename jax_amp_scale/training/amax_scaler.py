@@ -97,8 +97,7 @@ class AmaxScaler(ScalerBase):
         """
         if update_backend is not None:
             check_backend(update_backend)  # checked, then unused: the rule is pure JAX
-        # The amax comes from the pass itself (one read of each gradient on
-        # the CPU's native pass); under axis_name, one pmax beside the flag's.
+        # The amax comes from the pass itself (one read of each gradient on the CPU).
         scale = self.state.scale.reshape(())
         grads, found, per_leaf = gradient_pass.unscale_check_amax(grads, scale, backend)
         if axis_name is not None:  # one all-reduce: the flag (0 or 1) beside the amaxes
@@ -139,8 +138,7 @@ class AmaxScaler(ScalerBase):
         """The scaler after one step (see `amax_scaler` for the rule).
 
         Args:
-          found_inf: whether this step's gradients were not finite: a bool,
-            int or float scalar of shape ``()`` or ``(1,)``, read by its bits.
+          found_inf: as `DynamicScaler.update`'s.
           amax: the step's amax in scaled units (finite entries only), a
             float scalar; None (default): nothing measured, so a finite step
             keeps the scale.
@@ -148,8 +146,7 @@ class AmaxScaler(ScalerBase):
             ``tree_flatten`` order; None (default) keeps the last ones.
           axis_name: optional mapped axis name(s): ``found_inf`` OR-reduced,
             the amaxes max-reduced across it.
-          backend: checked and unused (the rule is pure JAX), for generic
-            scaler code: ``"auto"`` (default), ``"reference"`` or ``"ffi"``.
+          backend: checked and unused (the rule is pure JAX), for generic scaler code.
         """
         check_backend(backend)  # checked, then unused: the rule is pure JAX
         found = found_flag(found_inf, self.state, axis_name).reshape(())
@@ -308,13 +305,10 @@ def amax_scaler(
       non-finite:  next = s * 2**(min(k(a), 0) - 1),  c = min(c, s / 2)
       both clipped to [min_scale, max_scale]
 
-    The scale stays a power of two (unscaling is exact).  The ceiling moves as torch's scale
-    does, so where the amax cannot see the tensor that overflows (an activation's gradient),
-    the scale climbs back into an overflow no sooner than torch's.
+    The scale stays a power of two (unscaling is exact); why the ceiling: docs/guide/amax-scaler.md.
 
     Args:
-      margin: log2 of the headroom kept below ``F`` (default 5, measured on the transformer
-        example: docs/guide/amax-scaler.md); an int in [0, 24].
+      margin: log2 of the headroom kept below ``F`` (default 5); an int in [0, 24].
       init_scale: the ceiling's first value, a power of two in [min_scale, max_scale]; None
         (default): 2**16 (torch's first scale) clipped into them.  The first step runs at
         ``min(1, init_scale)`` (at least `min_scale`).

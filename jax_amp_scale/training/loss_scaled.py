@@ -94,13 +94,8 @@ class LossScaled(optax.GradientTransformationExtraArgs):
 
 
 def get_loss_scaled_state(opt_state: Any) -> LossScaledState:
-    """The one `LossScaledState` inside `opt_state`.
-
-    Args:
-      opt_state: an optax state holding exactly one `LossScaledState` (the
-        state itself, a chain's tuple, `accumulate_gradients`' state); a
-        ``ValueError`` when it holds none or more than one.
-    """
+    """The one `LossScaledState` inside `opt_state` (the state itself, a chain's
+    tuple, `accumulate_gradients`' state); a ``ValueError`` for none or several."""
     found = instances(opt_state, LossScaledState)
     if len(found) != 1:
         raise ValueError(f"expected exactly one LossScaledState in opt_state, found {len(found)}")
@@ -267,12 +262,10 @@ def loss_scaled(
         `params`: an update) is 16-bit and overflow steps are dropped.
       max_consecutive_overflows: None (torch: no limit) or n: the n-th
         overflowing step in a row fails the step, by a host report.
-      host_reports: the host's warnings (50 overflows in a row, naming the
-        likely causes; a dynamic scale at 0 or ``min_scale``; a run of 10
-        non-finite updates) and the `max_consecutive_overflows` error, which
-        reaches your code as a ``jax.errors.JaxRuntimeError`` when the step's
-        result is read (not caught by ``except FloatingPointError``, the text
-        inside that JaxRuntimeError).  False for ``jax.export``.
+      host_reports: the host's warnings (docs/guide/training.md) and the
+        `max_consecutive_overflows` error, which reaches your code as a
+        ``jax.errors.JaxRuntimeError`` when the step's result is read.  False
+        for ``jax.export``.
       backend: the `update_scale` backend (``"auto"``, ``"reference"``,
         ``"ffi"``); the gradient pass is ``"reference"`` with
         ``"reference"``, else ``"auto"``.
@@ -360,8 +353,7 @@ class _Step:
 
     @property
     def pass_backend(self) -> Backend:
-        # "ffi" asks for the native update-scale operator; the gradient pass
-        # takes the native route wherever there is one unless told "reference".
+        """The gradient pass's backend: "ffi" names the update-scale operator's."""
         return "reference" if self.backend == "reference" else "auto"
 
     def update(

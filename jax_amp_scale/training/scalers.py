@@ -411,7 +411,6 @@ def as_scaler(value: Any, name: str = "scaler") -> ScalerBase:
         return DynamicScaler(value, jnp.ones(jnp.shape(value.scale), jnp.int32))
     raise TypeError(
         f"{name} must be a DynamicScaler, StaticScaler, NoOpScaler, AmaxScaler or ScaleState "
-        f"(build one with dynamic_scaler(), static_scaler(x), no_op_scaler() or "
-        f"amax_scaler()); "
-        f"got {type(value).__name__}"
+        "(build one with dynamic_scaler(), static_scaler(x), no_op_scaler() or "
+        f"amax_scaler()); got {type(value).__name__}"
     )
