@@ -89,9 +89,7 @@ def register(
         ``jax.ffi.register_ffi_target`` for `registry_platform` (as the jax
         CUDA plugin's does): then through ``jax.ffi``, with no library.  A
         path must be that same library (its ``GetPjrtApi()`` must return the
-        API JAX loaded for `platform`): a handler registered in another
-        plugin, or under a platform JAX does not run, would never be called,
-        or would be called for the wrong device.
+        API JAX loaded for `platform`), or the handler would never run.
       registry_platform: the platform name inside the plugin's FFI registry
         (default: ``"CUDA"`` for cuda or gpu, ``"ROCM"`` for rocm, else
         `platform` lowercased).
@@ -108,12 +106,10 @@ def register(
 
     Idempotent: registering the same handler again returns without calling
     the plugin.  Raises `PluginRegistrationError` when the default handler
-    was not built (the CUDA one), when without `library_path` nothing
-    forwards the registration and JAX loaded no plugin for `platform`, when
-    the library is not a PJRT plugin or not the one JAX loaded for
-    `platform`, has no FFI extension, has an FFI extension of a version this
-    module does not know, when the plugin reports an error, or when another
-    handler was already registered here for the same target and platform.
+    was not built (the CUDA one), when nothing forwards the registration and
+    JAX loaded no plugin for `platform`, when the library is not that plugin
+    or has no FFI extension of a known version, when the plugin reports an
+    error, or when another handler holds the target on that platform.
     """
     platform = str(platform).lower()
     api = None if library_path is None else _library_api(platform, library_path, handler)
@@ -149,9 +145,7 @@ def register_in_api(
         `platform` lowercased).
       handler: an XLA FFI handler capsule (default: the CUDA handler for
         cuda or gpu, else the Ascend one).
-      target: the custom-call target name (default: the update-scale
-        target; with the default handler and target, on a platform other
-        than cuda or gpu, the gradient pass is registered too).
+      target: as in `register`.
 
     Returns:
       The route: ``"pjrt"`` or ``"pjrt-versioned"``.

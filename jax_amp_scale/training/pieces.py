@@ -150,9 +150,8 @@ def clip_grad_norm(max_norm: float | None) -> optax.GradientTransformation:
     optax.adam(1e-3)))``; a skipped step keeps the previous norm.
 
     Args:
-      max_norm: the largest global norm kept, a Python or NumPy real number,
-        finite and > 0 (a ``TypeError`` or ``ValueError`` otherwise); or None
-        to record the norm without clipping.
+      max_norm: as in `jax_amp_scale.clip_by_global_norm`, or None to record
+        the norm without clipping.
     """
     limit = None if max_norm is None else scaling.check_max_norm(max_norm, "max_norm")
 

@@ -372,12 +372,7 @@ def static_scaler(
     Args:
       scale: the loss scale, a Python or NumPy real number (not a JAX
         array): finite, > 0 and still finite once rounded to `dtype`.
-      drop_overflow_update: whether `loss_scaled` and `Trainer` skip a step
-        whose gradients overflowed (True, default) or apply it.
-      dtype: the scale's dtype: ``jnp.float32`` (default), ``jnp.float16``
-        or ``jnp.bfloat16``.
-      shape: the scale's shape, ``()`` (default) or ``(1,)`` (Ascend's
-        operator's).
+      drop_overflow_update, dtype, shape: as in `dynamic_scaler`.
     """
     value = check_factor(scale, "scale")
     dt = check_dtype(dtype)
