@@ -27,6 +27,7 @@ _NO_LIMIT = 1 << 20  # "no bound" for an exponent (all-zero gradients)
 _PROBE = 1.0  # the first step's scale: no gradient finite unscaled overflows there
 
 
+@register_scaler
 @dataclasses.dataclass(frozen=True)
 class AmaxScaler(ScalerBase):
     """A power-of-two scale set ahead of overflow from the step's amax.
@@ -332,8 +333,8 @@ def amax_scaler(
     lo, hi, init = _checked_scales(min_scale, max_scale, init_scale)
     words = "one of float16, bfloat16, float32"
     name = check_dtype(compute_dtype, "compute_dtype", _COMPUTE_DTYPES, words, ValueError).name
-    paths = _leaf_paths(per_leaf)
-    static = (m, k, lo, hi, interval, name, paths, drop_overflow_update, _measured(measure))
+    paths, measured = _leaf_paths(per_leaf), _measured(measure)
+    static: tuple[Any, ...] = (m, k, lo, hi, interval, name, paths, drop_overflow_update, measured)
     return AmaxScaler(*_first_leaves(init, lo, len(paths)), *static)
 
 
@@ -401,6 +402,3 @@ def _first_leaves(ceiling: float, min_scale: float, n_leaves: int) -> tuple[Any,
         jnp.zeros((), jnp.int32),
         jnp.zeros((n_leaves,), jnp.float32) if n_leaves else None,
     )
-
-
-register_scaler(AmaxScaler)

@@ -177,15 +177,12 @@ def check_same_scaler(expected: Any, got: Any) -> None:
 
 
 def describe(scaler: Any) -> str:
-    """The static configuration of a scaler, as the constructor would take it."""
+    """The static configuration of a scaler (its fields with a default: see
+    `scalers.register_scaler`), as the constructor would take it."""
     if not dataclasses.is_dataclass(scaler):
         return type(scaler).__name__
-    fields = [
-        f"{f.name}={getattr(scaler, f.name)!r}"
-        for f in dataclasses.fields(scaler)
-        if f.name not in ("state", "hysteresis_left")
-        and not isinstance(getattr(scaler, f.name), jax.Array)  # AmaxScaler's telemetry
-    ]
+    static = (f.name for f in dataclasses.fields(scaler) if f.default is not dataclasses.MISSING)
+    fields = [f"{name}={getattr(scaler, name)!r}" for name in static]
     st = getattr(scaler, "state", None)
     if isinstance(st, ScaleState):
         names = ("growth_factor", "backoff_factor", "growth_interval", "rule")

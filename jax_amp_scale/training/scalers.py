@@ -43,6 +43,7 @@ from jax_amp_scale.operators.update_scale import update_scale
 from jax_amp_scale.training import scaling, serialization
 
 _Fixed = TypeVar("_Fixed", bound="ScalerBase")  # typing.Self is 3.11+
+_Class = TypeVar("_Class", bound=type)
 
 ADJUST_ERROR = (
     "{cls}.adjust does not exist here: jmp's adjust(grads_finite) takes True for a GOOD "
@@ -142,10 +143,22 @@ class ScalerBase:
         return grads, found, self.update(found, backend=update_backend or backend)
 
 
+def register_scaler(cls: _Class) -> _Class:
+    """Registers a scaler dataclass as a pytree and for jax.export serialization:
+    the fields with a default are static, the others leaves."""
+    fields = dataclasses.fields(cls)
+    meta = [f.name for f in fields if f.default is not dataclasses.MISSING]
+    data = [f.name for f in fields if f.default is dataclasses.MISSING]
+    jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
+    serialization.register_dataclass(cls, meta)
+    return cls
+
+
 def found_flag(found_inf: Any, state: ScaleState, axis_name: Hashable | None) -> jax.Array:
     return or_across(found_to_bool(found_inf, tuple(state.scale.shape)), axis_name)
 
 
+@register_scaler
 @dataclasses.dataclass(frozen=True)
 class DynamicScaler(ScalerBase):
     """torch ``GradScaler``'s dynamic scale, optionally bounded and with hysteresis.
@@ -214,6 +227,7 @@ class DynamicScaler(ScalerBase):
         )
 
 
+@register_scaler
 @dataclasses.dataclass(frozen=True)
 class StaticScaler(ScalerBase):
     """A fixed scale (MindSpore's ``FixedLossScaleManager``).
@@ -227,6 +241,7 @@ class StaticScaler(ScalerBase):
     drop_overflow_update: bool = True
 
 
+@register_scaler
 @dataclasses.dataclass(frozen=True)
 class NoOpScaler(ScalerBase):
     """No scaling (bfloat16/float32 runs): scale 1, nothing multiplied.
@@ -242,21 +257,6 @@ class NoOpScaler(ScalerBase):
     @property
     def is_identity(self) -> bool:
         return True
-
-
-def register_scaler(cls: type) -> None:
-    """Registers a scaler dataclass as a pytree and for jax.export serialization:
-    the fields with a default are static, the others leaves."""
-    fields = dataclasses.fields(cls)
-    meta = [f.name for f in fields if f.default is not dataclasses.MISSING]
-    data = [f.name for f in fields if f.default is dataclasses.MISSING]
-    jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
-    serialization.register_dataclass(cls, meta)
-
-
-register_scaler(DynamicScaler)
-register_scaler(StaticScaler)
-register_scaler(NoOpScaler)
 
 
 def fixed_state(value: float, dtype: Any, shape: tuple[int, ...]) -> ScaleState:
