@@ -53,12 +53,10 @@ def export(
     """`jax.export.export(fun, ...)` with the library's custom calls allowed.
 
     `loss_scaled`'s host reports do not serialize (a ValueError says so):
-    build the step without them (``host_reports=False``;
-    docs/guide/export.md).  In a process with several devices the native
-    calls are exported unpartitioned (one call over whole arrays, which XLA
-    gathers around when the artifact runs sharded; the same bits), because
-    custom_partitioning does not serialize; exporting then clears jit's
-    caches (`jax.clear_caches`) before and after tracing.
+    build the step with ``host_reports=False``.  With several devices the
+    native calls are exported unpartitioned (the same bits), and jit's caches
+    are cleared (`jax.clear_caches`) before and after tracing
+    (docs/guide/export.md).
 
     Args:
       fun: the function to export; jitted here unless it is already (has

@@ -1,12 +1,7 @@
-"""Register the native handlers on a PJRT plugin platform (Ascend, CUDA): `register`;
-load CANN now and see which libraries were used, the SoC and its overflow
-mode: `load_cann`; on an Ascend device in saturation mode whose overflow
-flag cannot be read, an opt-in check by value: `saturated_as_overflow`.
-
-Without a call, the platforms named in ``$JAX_AMP_SCALE_PLUGIN_PLATFORMS``
-(default ``ascend,npu``) are registered at the library's first use
-(docs/guide/plugins.md).  A call picks the plugin library explicitly and
-raises what the automatic registration only records.
+"""Without a call of `register`, the platforms named in
+``$JAX_AMP_SCALE_PLUGIN_PLATFORMS`` (default ``ascend,npu``) are registered at
+the library's first use (docs/guide/plugins.md).  A call picks the plugin
+library explicitly and raises what the automatic registration only records.
 """
 
 from __future__ import annotations

@@ -222,14 +222,9 @@ def get_policy(name: str) -> Policy:
 
 
 def scaler_for(level: str) -> scalers.DynamicScaler | scalers.NoOpScaler:
-    """The scaler a level pairs with: dynamic (torch defaults) for O1/O2,
-    no-op for O0 and O3.
-
-    Args:
-      level: ``"O0"``, ``"O1"``, ``"O2"`` or ``"O3"`` (case-insensitive,
-        surrounding spaces ignored); another string is a ``ValueError``, a
-        non-string a ``TypeError`` (as in `get_policy`).
-    """
+    """The scaler `level` (``"O0"`` to ``"O3"``, as in `get_policy`) pairs with:
+    dynamic (torch defaults) for O1/O2, no-op for O0 and O3; another string is
+    a ``ValueError``, a non-string a ``TypeError``."""
     if not isinstance(level, str):
         raise TypeError(
             f"level must be a string, one of {LEVELS}, got {type(level).__name__} {level!r}"

@@ -108,8 +108,7 @@ class Trainer:
         """One training step (one micro-batch with ``accumulate``); see the class.
 
         Args:
-          params: the parameters, a pytree of arrays; returned as they are,
-            bit for bit, when no update is applied.
+          params: the parameters, a pytree of arrays.
           state: the optimizer state, from `init` or the previous `step`.
           batch: what ``loss_fn`` takes as its second argument, any pytree
             (with a ``policy``, passed through ``policy.cast_to_compute``).

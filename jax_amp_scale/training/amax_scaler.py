@@ -93,11 +93,11 @@ class AmaxScaler(ScalerBase):
           backend: the gradient pass's backend: ``"auto"`` (default: the
             native pass on CPU where it is built, the reference elsewhere),
             ``"reference"`` or ``"ffi"``.
-          update_backend: not used (the rule is pure JAX); taken, and checked,
-            so that generic scaler code can pass it: None (default) or a backend.
+          update_backend: None (default) or a backend: checked and unused (the
+            rule is pure JAX), for generic scaler code.
         """
         if update_backend is not None:
-            check_backend(update_backend)  # checked, then unused: the rule is pure JAX
+            check_backend(update_backend)
         # The amax comes from the pass itself (one read of each gradient on the CPU).
         scale = self.state.scale.reshape(())
         grads, found, per_leaf = gradient_pass.unscale_check_amax(grads, scale, backend)

@@ -1,10 +1,6 @@
 """`loss_scaled`: an optax wrapper that unscales, checks and skips overflow
 steps; and `optimizer_step`, torch's ``scaler.step(opt)`` for hand-written loops.
-
-One ``update``: average the gradients over ``axis_name``, unscale and check
-them with the scaler, OR the flag over ``axis_name``, advance the scaler, run
-the inner update, and keep it or drop it with one select per leaf.
-"""
+One ``update``, step by step: ARCHITECTURE.md."""
 
 from __future__ import annotations
 
