@@ -117,7 +117,11 @@ def _traced(exporter: Callable[..., Any], whole: bool, *args: Any, **kw: Any) ->
 
 
 def deserialize(blob: bytes | bytearray) -> jax_export.Exported:
-    """`jax.export.deserialize(blob)` after `register_handlers()`; `blob` as
-    ``Exported.serialize()`` returns it (bytes or bytearray)."""
+    """`jax.export.deserialize(blob)` after `register_handlers()`.
+
+    Args:
+      blob: a serialized artifact, as ``Exported.serialize()`` returns it
+        (bytes or bytearray).
+    """
     register_handlers()
     return jax_export.deserialize(blob)  # type: ignore[arg-type]

@@ -135,18 +135,27 @@ class Policy:
         return jax.tree_util.tree_map_with_path(one, tree)
 
     def cast_to_param(self, tree: PyTree) -> PyTree:
-        """`tree` (usually the parameters) with its floating leaves in `param_dtype`
-        (keep-float32 leaves in float32)."""
+        """Floating leaves to `param_dtype` (keep-float32 leaves to float32).
+
+        Args:
+          tree: any pytree, usually the parameters; other leaves pass.
+        """
         return self._cast(tree, self.param_dtype, True)
 
     def cast_to_compute(self, tree: PyTree) -> PyTree:
-        """`tree` (the parameters, a batch) with its floating leaves in `compute_dtype`
-        (keep-float32 leaves in float32)."""
+        """Floating leaves to `compute_dtype` (keep-float32 leaves to float32).
+
+        Args:
+          tree: any pytree, usually the parameters or a batch; other leaves pass.
+        """
         return self._cast(tree, self.compute_dtype, True)
 
     def cast_to_output(self, tree: PyTree) -> PyTree:
-        """`tree` (the loss, the logits) with its floating leaves in `output_dtype`
-        (no keep rules: outputs are outputs)."""
+        """Floating leaves to `output_dtype` (no keep rules: outputs are outputs).
+
+        Args:
+          tree: any pytree, usually the loss or the logits; other leaves pass.
+        """
         return self._cast(tree, self.output_dtype, False)
 
     def __str__(self) -> str:
@@ -222,9 +231,14 @@ def get_policy(name: str) -> Policy:
 
 
 def scaler_for(level: str) -> scalers.DynamicScaler | scalers.NoOpScaler:
-    """The scaler `level` (``"O0"`` to ``"O3"``, as in `get_policy`) pairs with:
-    dynamic (torch defaults) for O1/O2, no-op for O0 and O3; another string is
-    a ``ValueError``, a non-string a ``TypeError``."""
+    """The scaler a level pairs with: dynamic (torch defaults) for O1/O2,
+    no-op for O0 and O3.
+
+    Args:
+      level: ``"O0"``, ``"O1"``, ``"O2"`` or ``"O3"`` (case-insensitive,
+        surrounding spaces ignored); another string is a ``ValueError``, a
+        non-string a ``TypeError`` (as in `get_policy`).
+    """
     if not isinstance(level, str):
         raise TypeError(
             f"level must be a string, one of {LEVELS}, got {type(level).__name__} {level!r}"

@@ -95,7 +95,11 @@ class Trainer:
         self.tx = tx
 
     def init(self, params: PyTree) -> Any:
-        """The initial optimizer state for `params` (the pytree `step` takes)."""
+        """The initial optimizer state for `params`.
+
+        Args:
+          params: the parameters, a pytree of arrays (what `step` takes).
+        """
         return self.tx.init(params)
 
     def step(

@@ -75,11 +75,14 @@ def from_torch_state_dict(
 def to_torch_state_dict(state: Any) -> dict[str, float | int]:
     """torch ``GradScaler.state_dict()`` for `state`.
 
-    `state`: a `ScaleState` or any pytree holding exactly one (a scaler, a
-    `LossScaledState`, a whole optax state); a ``ValueError`` when it holds
-    none or more than one, or when its scale is not finite.  Bounds and
-    hysteresis of a `DynamicScaler` have no torch counterpart and are not
-    exported.  Values are Python numbers, as torch writes them.
+    Bounds and hysteresis of a `DynamicScaler` have no torch counterpart and
+    are not exported.  Values are Python numbers, as torch writes them
+    (``GradScaler.load_state_dict`` accepts them).
+
+    Args:
+      state: a `ScaleState` or any pytree holding exactly one (a scaler, a
+        `LossScaledState`, a whole optax state); a ``ValueError`` when it
+        holds none or more than one, or when its scale is not finite.
     """
     s = find_scale_state(state)
     scale = float(np.asarray(s.scale, np.float32).reshape(()))

@@ -90,8 +90,13 @@ class LossScaled(optax.GradientTransformationExtraArgs):
 
 
 def get_loss_scaled_state(opt_state: Any) -> LossScaledState:
-    """The one `LossScaledState` inside `opt_state` (the state itself, a chain's
-    tuple, `accumulate_gradients`' state); a ``ValueError`` for none or several."""
+    """The one `LossScaledState` inside `opt_state`.
+
+    Args:
+      opt_state: an optax state holding exactly one `LossScaledState` (the
+        state itself, a chain's tuple, `accumulate_gradients`' state); a
+        ``ValueError`` when it holds none or more than one.
+    """
     found = instances(opt_state, LossScaledState)
     if len(found) != 1:
         raise ValueError(f"expected exactly one LossScaledState in opt_state, found {len(found)}")

@@ -33,9 +33,13 @@ def instances(tree: Any, cls: type[T]) -> list[T]:
 
 
 def find_scale_state(tree: PyTree) -> ScaleState:
-    """The one `ScaleState` inside `tree` (a `ScaleState` itself, a scaler, a
-    `LossScaledState` or a whole optax state); a ``ValueError`` when it holds
-    none or more than one (for example an optax state with two `loss_scaled`)."""
+    """The one `ScaleState` inside `tree`.
+
+    Args:
+      tree: any pytree: a `ScaleState` itself, a scaler, a `LossScaledState`
+        or a whole optax state; a ``ValueError`` when it holds none or more
+        than one (for example an optax state with two `loss_scaled`).
+    """
     found = instances(tree, ScaleState)
     if len(found) != 1:
         raise ValueError(
@@ -224,18 +228,26 @@ def unscale_and_check(
 
 
 def nonfinite_leaves(tree: PyTree) -> PyTree:
-    """A bool scalar per leaf of `tree` (usually the gradients): True where it
-    holds an inf or NaN, False for a leaf that is not a floating array (an
-    integer array, a Python float).  `nonfinite_paths` names them on the host."""
+    """A bool scalar per leaf of `tree`: True where it holds an inf or NaN.
+    `nonfinite_paths` names them on the host.
+
+    Args:
+      tree: any pytree, usually the gradients; a leaf that is not a floating
+        array (an integer array, a Python float) gets False.
+    """
     return jax.tree_util.tree_map(
         lambda x: jnp.logical_not(leaf_finite(x)) if is_float_leaf(x) else jnp.array(False), tree
     )
 
 
 def nonfinite_paths(report: PyTree) -> list[str]:
-    """Host side: the ``jax.tree_util.keystr`` paths whose flag in `report`
-    (`nonfinite_leaves`' output, fetched from the device: one bool per leaf,
-    a ``TypeError`` otherwise) is True; ``bool()`` reads them, so not under jit."""
+    """Host side: the ``jax.tree_util.keystr`` paths whose flag in `report` is True.
+
+    Args:
+      report: the output of `nonfinite_leaves` (fetched from the device; each
+        flag is read with ``bool()``, so this cannot run under jit): one
+        bool per leaf, a ``TypeError`` otherwise.
+    """
     flat, _ = jax.tree_util.tree_flatten_with_path(report)
     for path, flag in flat:
         dtype = getattr(flag, "dtype", None)

@@ -24,11 +24,14 @@ _FLOATS = {jnp.dtype(d) for d in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.fl
 
 
 def watch_probes(n: int) -> jax.Array:
-    """``n`` (an int >= 1) probes for `watch_amax`: float32 zeros of shape ``(n,)``.
+    """``n`` probes for `watch_amax`: float32 zeros of shape ``(n,)``.
 
     Pass them to the differentiated function beside the parameters, give
     ``probes[i]`` to the i-th `watch_amax`, and take the gradient with respect
     to both: the probes' gradient holds each watch's amax.
+
+    Args:
+      n: the number of probes, an int >= 1.
     """
     if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
         raise ValueError(f"watch_probes: n must be an int >= 1, got {n!r}")
