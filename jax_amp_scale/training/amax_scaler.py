@@ -5,7 +5,6 @@ Its rule is its own; `DynamicScaler` keeps torch's."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Hashable
 from typing import Any
@@ -199,7 +198,7 @@ class AmaxScaler(ScalerBase):
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """The rule: log2 of the next scale and of the next ceiling, and the
         finite steps counted toward the ceiling's growth."""
-        e_lo, e_hi = _log2_exact(self.min_scale), _log2_exact(self.max_scale)
+        e_lo, e_hi = int(math.log2(self.min_scale)), int(math.log2(self.max_scale))  # exact
         e_s = _log2(self.state.scale.reshape(()))
         e_c = _log2(self.ceiling.reshape(()))
         k = self._room(a)  # largest k with a * 2**k <= target
@@ -258,11 +257,6 @@ def _log2(scale: jax.Array) -> jax.Array:
 def _power(e: jax.Array) -> jax.Array:
     """float32 ``2**e``, exact for e in the float32 normal range."""
     return jnp.ldexp(jnp.float32(1.0), e.astype(jnp.int32))
-
-
-def _log2_exact(value: float) -> int:
-    _, e = math.frexp(value)
-    return e - 1  # value is a checked power of two: m == 0.5
 
 
 def _power_of_two(value: Any, name: str) -> float:
@@ -391,13 +385,12 @@ def _leaf_paths(per_leaf: PyTree) -> tuple[str, ...]:
 
 def _first_leaves(ceiling: float, min_scale: float, n_leaves: int) -> tuple[Any, ...]:
     """The leaves before the first step: the probe scale under `ceiling`, nothing measured."""
-    zero = functools.partial(jnp.zeros, (), jnp.float32)
     probe = min(max(_PROBE, min_scale), ceiling)
     return (
         fixed_state(probe, jnp.float32, ()),
         jnp.full((), ceiling, jnp.float32),
-        zero(),
-        zero(),
+        jnp.zeros((), jnp.float32),
+        jnp.zeros((), jnp.float32),
         jnp.full((), _NO_STEP, jnp.int32),
         jnp.zeros((), jnp.int32),
         jnp.zeros((n_leaves,), jnp.float32) if n_leaves else None,
