@@ -2,10 +2,9 @@
 
 The library gives its custom calls the compatibility guarantee JAX asks for
 (every target name is versioned, ffi/targets.h, and stays served;
-docs/guide/export.md), so `export` disables JAX's check for exactly those
-names (`exportable_targets`), and `deserialize` registers the handlers first
-(a fresh process has not).  Serializing needs ``flatbuffers`` (the ``export``
-extra).
+docs/guide/export.md), so `export` disables JAX's check for exactly those names
+(`exportable_targets`), and `deserialize` registers the handlers first (a fresh
+process has not).  Serializing needs ``flatbuffers`` (the ``export`` extra).
 """
 
 from __future__ import annotations

@@ -31,10 +31,9 @@ def _library_api(platform: str, library_path: str | os.PathLike[str], handler: A
     """The PJRT API table of `library_path`, checked to be the plugin JAX
     loaded for `platform` (`register`'s ``library_path``).
 
-    ``GetPjrtApi()`` returns one static table per loaded library, and
-    dlopen of a library already loaded returns that library: the same file
-    gives the same address, another file (another plugin, another copy)
-    another one.
+    ``GetPjrtApi()`` returns one static table per loaded library, and dlopen of
+    a library already loaded returns that library: the same file gives the same
+    address, another file (another plugin, another copy) another one.
     """
     if handler is None:
         handlers.default_handler(platform)  # a handler that was not built: say so first
