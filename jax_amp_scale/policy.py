@@ -116,13 +116,12 @@ class Policy:
 
     def _keep(self, path: Any, leaf: Any) -> bool:
         names = path_names(path)
-        for rule in self.keep_float32:
-            if isinstance(rule, str):
-                if any(re.fullmatch(rule, n) for n in names):
-                    return True
-            elif rule(jax.tree_util.keystr(path), leaf):
-                return True
-        return False
+        return any(
+            any(re.fullmatch(rule, n) for n in names)
+            if isinstance(rule, str)
+            else rule(jax.tree_util.keystr(path), leaf)
+            for rule in self.keep_float32
+        )
 
     def _cast(self, tree: PyTree, dtype: np.dtype, use_rules: bool) -> PyTree:
         def one(path: Any, x: Any) -> Any:
