@@ -1,10 +1,9 @@
 """jax-amp-scale: dynamic loss scaling for JAX mixed-precision training.
 
-The names below are the whole top-level surface (``__all__``; ``dir()``
-shows nothing else).  The optax wrapper and its pieces live in
-`jax_amp_scale.optax`; precision levels in `jax_amp_scale.policy`; torch and
-checkpoint interop in `jax_amp_scale.interop`; plugin registration in
-`jax_amp_scale.plugin`.
+The names below are the whole top-level surface (``__all__``; ``dir()`` shows
+nothing else).  The optax wrapper and its pieces live in `jax_amp_scale.optax`;
+precision levels in `jax_amp_scale.policy`; torch and checkpoint interop in
+`jax_amp_scale.interop`; plugin registration in `jax_amp_scale.plugin`.
 """
 
 import importlib as _importlib

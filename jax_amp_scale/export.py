@@ -1,15 +1,10 @@
 """`jax.export` of steps that call the library's native handlers: `export`, `deserialize`.
 
-`jax.export` serializes a custom call only when its target is on JAX's list
-of targets with compatibility guarantees, or when the caller disables that
-check for the target by name.  The library gives the guarantee itself:
-every FFI target name carries the version of its operands and attributes
-(ffi/targets.h), and a published name stays registered with a handler for
-its own set (tests/fixtures/ holds artifacts every release must run with the
-same bits).  So `export` disables the check for exactly those names
-(`exportable_targets`), and `deserialize` registers the handlers first (a
-fresh process has not).  Serializing needs ``flatbuffers`` (the ``export``
-extra).
+The library gives its custom calls the compatibility guarantee JAX asks for
+(every target name is versioned, ffi/targets.h, and stays served;
+docs/guide/export.md), so `export` disables JAX's check for exactly those names
+(`exportable_targets`), and `deserialize` registers the handlers first (a fresh
+process has not).  Serializing needs ``flatbuffers`` (the ``export`` extra).
 """
 
 from __future__ import annotations
@@ -57,12 +52,10 @@ def export(
     """`jax.export.export(fun, ...)` with the library's custom calls allowed.
 
     `loss_scaled`'s host reports do not serialize (a ValueError says so):
-    build the step without them (``host_reports=False``;
-    docs/guide/export.md).  In a process with several devices the native
-    calls are exported unpartitioned (one call over whole arrays, which XLA
-    gathers around when the artifact runs sharded; the same bits), because
-    custom_partitioning does not serialize; exporting then clears jit's
-    caches (`jax.clear_caches`) before and after tracing.
+    build the step with ``host_reports=False``.  With several devices the
+    native calls are exported unpartitioned (the same bits), and jit's caches
+    are cleared (`jax.clear_caches`) before and after tracing
+    (docs/guide/export.md).
 
     Args:
       fun: the function to export; jitted here unless it is already (has
@@ -92,11 +85,10 @@ def export(
         try:
             return _traced(exporter, whole, *args, **kw)
         except (ValueError, NotImplementedError) as e:
-            # JAX raises ValueError or NotImplementedError by version and by
-            # how the report lowers (jax >= 0.7 names the report's target;
-            # older jax trips its host-callback check on the callback branch
-            # first); the library says ValueError always.
-            if _HOST_REPORT_PREFIX not in str(e) and "host_callbacks" not in str(e):
+            # JAX raises either, by version and by how the report lowers (it
+            # names the report's target or its host callbacks): ValueError always.
+            # Every version of the host report's target name starts so (ffi/targets.h).
+            if "jas_host_report" not in str(e) and "host_callbacks" not in str(e):
                 raise
             raise ValueError(
                 "jax_amp_scale.export: the step holds host reports or callbacks, which do not "
@@ -121,10 +113,6 @@ def _traced(exporter: Callable[..., Any], whole: bool, *args: Any, **kw: Any) ->
             return exporter(*args, **kw)
     finally:
         jax.clear_caches()
-
-
-# Every version of the host report's target name starts so (ffi/targets.h).
-_HOST_REPORT_PREFIX = "jas_host_report"
 
 
 def deserialize(blob: bytes | bytearray) -> jax_export.Exported:

@@ -1,12 +1,7 @@
-"""Register the native handlers on a PJRT plugin platform (Ascend, CUDA): `register`;
-load CANN now and see which libraries were used, the SoC and its overflow
-mode: `load_cann`; on an Ascend device in saturation mode whose overflow
-flag cannot be read, an opt-in check by value: `saturated_as_overflow`.
-
-Without a call, the platforms named in ``$JAX_AMP_SCALE_PLUGIN_PLATFORMS``
-(default ``ascend,npu``) are registered at the library's first use
-(docs/guide/plugins.md).  A call picks the plugin library explicitly and
-raises what the automatic registration only records.
+"""Without a call of `register`, the platforms named in
+``$JAX_AMP_SCALE_PLUGIN_PLATFORMS`` (default ``ascend,npu``) are registered at
+the library's first use (docs/guide/plugins.md).  A call picks the plugin
+library explicitly and raises what the automatic registration only records.
 """
 
 from __future__ import annotations
@@ -15,9 +10,11 @@ import importlib
 import os
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
 from jax_amp_scale.mechanisms import handlers, jax_internals
 from jax_amp_scale.mechanisms.handlers import CannLoadError, PluginRegistrationError, load_cann
-from jax_amp_scale.training.saturation import saturated_as_overflow
 
 __all__ = [
     "CannLoadError",
@@ -30,14 +27,22 @@ __all__ = [
 ]
 
 
-def _check_is_loaded_plugin(platform: str, path: str, api: int) -> None:
-    """Raises unless `path`'s PJRT API is the one JAX loaded for `platform`.
+def _library_api(platform: str, library_path: str | os.PathLike[str], handler: Any) -> int:
+    """The PJRT API table of `library_path`, checked to be the plugin JAX
+    loaded for `platform` (`register`'s ``library_path``).
 
-    ``GetPjrtApi()`` returns one static table per loaded library, and
-    dlopen of a library already loaded returns that library: the same file
-    gives the same address, another file (another plugin, another copy)
-    another one.
+    ``GetPjrtApi()`` returns one static table per loaded library, and dlopen of
+    a library already loaded returns that library: the same file gives the same
+    address, another file (another plugin, another copy) another one.
     """
+    if handler is None:
+        handlers.default_handler(platform)  # a handler that was not built: say so first
+    path = os.fspath(library_path)
+    try:
+        plugin_module = importlib.import_module("jax_amp_scale._native_plugin")
+        api: int = plugin_module.api_from_library(path)
+    except RuntimeError as e:
+        raise PluginRegistrationError(str(e)) from None
     try:
         loaded = handlers.loaded_plugin_api(platform)
     except PluginRegistrationError:
@@ -56,19 +61,6 @@ def _check_is_loaded_plugin(platform: str, path: str, api: int) -> None:
             "it would not reach that platform. Omit library_path= to use the "
             "loaded plugin"
         )
-
-
-def _library_api(platform: str, library_path: str | os.PathLike[str], handler: Any) -> int:
-    """The PJRT API table of `library_path`, checked to be the plugin JAX
-    loaded for `platform` (`register`'s ``library_path``)."""
-    if handler is None:
-        handlers.default_handler(platform)  # a handler that was not built: say so first
-    try:
-        plugin_module = importlib.import_module("jax_amp_scale._native_plugin")
-        api: int = plugin_module.api_from_library(os.fspath(library_path))
-    except RuntimeError as e:
-        raise PluginRegistrationError(str(e)) from None
-    _check_is_loaded_plugin(platform, os.fspath(library_path), api)
     return api
 
 
@@ -91,9 +83,7 @@ def register(
         ``jax.ffi.register_ffi_target`` for `registry_platform` (as the jax
         CUDA plugin's does): then through ``jax.ffi``, with no library.  A
         path must be that same library (its ``GetPjrtApi()`` must return the
-        API JAX loaded for `platform`): a handler registered in another
-        plugin, or under a platform JAX does not run, would never be called,
-        or would be called for the wrong device.
+        API JAX loaded for `platform`), or the handler would never run.
       registry_platform: the platform name inside the plugin's FFI registry
         (default: ``"CUDA"`` for cuda or gpu, ``"ROCM"`` for rocm, else
         `platform` lowercased).
@@ -110,12 +100,10 @@ def register(
 
     Idempotent: registering the same handler again returns without calling
     the plugin.  Raises `PluginRegistrationError` when the default handler
-    was not built (the CUDA one), when without `library_path` nothing
-    forwards the registration and JAX loaded no plugin for `platform`, when
-    the library is not a PJRT plugin or not the one JAX loaded for
-    `platform`, has no FFI extension, has an FFI extension of a version this
-    module does not know, when the plugin reports an error, or when another
-    handler was already registered here for the same target and platform.
+    was not built (the CUDA one), when nothing forwards the registration and
+    JAX loaded no plugin for `platform`, when the library is not that plugin
+    or has no FFI extension of a known version, when the plugin reports an
+    error, or when another handler holds the target on that platform.
     """
     platform = str(platform).lower()
     api = None if library_path is None else _library_api(platform, library_path, handler)
@@ -151,9 +139,7 @@ def register_in_api(
         `platform` lowercased).
       handler: an XLA FFI handler capsule (default: the CUDA handler for
         cuda or gpu, else the Ascend one).
-      target: the custom-call target name (default: the update-scale
-        target; with the default handler and target, on a platform other
-        than cuda or gpu, the gradient pass is registered too).
+      target: as in `register`.
 
     Returns:
       The route: ``"pjrt"`` or ``"pjrt-versioned"``.
@@ -166,3 +152,35 @@ def register_in_api(
 def registrations() -> dict[str, str]:
     """Platforms registered on plugins in this process, with the route used."""
     return dict(handlers.ROUTES)
+
+
+# float16's largest finite value: where a saturated overflow lands.
+FLOAT16_MAX = 65504.0
+
+
+def saturated_as_overflow(tree: Any) -> Any:
+    """Every float16 entry of `tree` at +-65504 becomes +-inf; the rest is
+    returned as it is.
+
+    On an Ascend device in saturation mode a float16 overflow stores +-65504
+    and NaN stores 0 (hiascend Pytorch/600 Envvariables Envir_004), so the
+    gradients hold no inf/NaN.  Where the overflow flag cannot be read there
+    (operators/float_status.py reads it where it can), call this on the
+    gradients of the scaled loss, before `update` (or `unscale_and_check`):
+    a heuristic, opt in (docs/ascend.md), which composes with any check.
+    What it cannot see: a NaN that saturation turned into 0; an overflow in
+    an intermediate value that later operations scaled down or normalised
+    (only one that lands in a final gradient entry shows); anything in
+    float32 or bfloat16 leaves.  A gradient that is genuinely 65504 counts
+    as an overflow (a false positive, and a halved scale).
+
+    Args:
+      tree: any pytree; non-float16 leaves pass unchanged.
+    """
+
+    def one(x: Any) -> Any:
+        if getattr(x, "dtype", None) != jnp.float16:
+            return x
+        return jnp.where(jnp.abs(x) == FLOAT16_MAX, x * jnp.float16(jnp.inf), x)
+
+    return jax.tree_util.tree_map(one, tree)

@@ -20,7 +20,7 @@ from jax_amp_scale.mechanisms.floats import is_float_leaf
 from jax_amp_scale.operators.scale_state import check_dtype
 from jax_amp_scale.operators.unscale_and_check import PyTree
 from jax_amp_scale.training import scalers
-from jax_amp_scale.training.scaling import key_name
+from jax_amp_scale.training.scaling import path_key
 
 __all__ = ["LEVELS", "Policy", "get_policy", "scaler_for"]
 
@@ -37,7 +37,7 @@ NORM_RULES: tuple[str, ...] = (
 
 def path_names(path: Any) -> list[str]:
     """The whole names a string rule is matched against, for one key path."""
-    names = (key_name(key).split("/") for key in path)  # haiku's "a/~/b"
+    names = (str(path_key(key)).split("/") for key in path)  # haiku's "a/~/b"
     return [part for parts in names for part in parts if part and part != "~"]
 
 
@@ -116,13 +116,12 @@ class Policy:
 
     def _keep(self, path: Any, leaf: Any) -> bool:
         names = path_names(path)
-        for rule in self.keep_float32:
-            if isinstance(rule, str):
-                if any(re.fullmatch(rule, n) for n in names):
-                    return True
-            elif rule(jax.tree_util.keystr(path), leaf):
-                return True
-        return False
+        return any(
+            any(re.fullmatch(rule, n) for n in names)
+            if isinstance(rule, str)
+            else rule(jax.tree_util.keystr(path), leaf)
+            for rule in self.keep_float32
+        )
 
     def _cast(self, tree: PyTree, dtype: np.dtype, use_rules: bool) -> PyTree:
         def one(path: Any, x: Any) -> Any:

@@ -44,17 +44,15 @@ class Trainer:
       accumulate: micro-batches per optimizer step (each `step` call is one;
         parameters change on every `accumulate`-th call).
 
-    ``step(params, state, batch, loss_fn)`` returns ``(params, state,
-    metrics)``; ``loss_fn(params, batch)`` returns a floating scalar loss (or
-    ``(loss, aux)``).
-    ``metrics``: ``loss`` (unscaled, float32), ``scale`` (the scale this
-    step's loss was multiplied by), ``skipped`` (bool: the optimizer step
-    was dropped), ``found_inf`` (bool, False inside a window), ``reason``
-    (int32 `SkipReason`), ``consecutive_overflows``, ``skipped_steps`` and
-    ``total_steps`` (int32 optimizer steps, after this call), ``grad_norm``
-    (when a `clip_grad_norm` is in the optimizer), ``amax`` and
-    ``headroom_used`` (float32, with `amax_scaler`) and ``aux`` with
-    ``has_aux``.  With no update applied the params come back bit for bit.
+    `step` returns ``(params, state, metrics)``; ``metrics``: ``loss``
+    (unscaled, float32), ``scale`` (the scale this step's loss was multiplied
+    by), ``skipped`` (bool: the optimizer step was dropped), ``found_inf``
+    (bool, False inside a window), ``reason`` (int32 `SkipReason`),
+    ``consecutive_overflows``, ``skipped_steps`` and ``total_steps`` (int32
+    optimizer steps, after this call), ``grad_norm`` (when a `clip_grad_norm`
+    is in the optimizer), ``amax`` and ``headroom_used`` (float32, with
+    `amax_scaler`) and ``aux`` with ``has_aux``.  With no update applied the
+    params come back bit for bit.
     """
 
     def __init__(
@@ -114,8 +112,7 @@ class Trainer:
         """One training step (one micro-batch with ``accumulate``); see the class.
 
         Args:
-          params: the parameters, a pytree of arrays; returned as they are,
-            bit for bit, when no update is applied.
+          params: the parameters, a pytree of arrays.
           state: the optimizer state, from `init` or the previous `step`.
           batch: what ``loss_fn`` takes as its second argument, any pytree
             (with a ``policy``, passed through ``policy.cast_to_compute``).

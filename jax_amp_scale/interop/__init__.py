@@ -15,7 +15,7 @@ import numpy as np
 
 from jax_amp_scale.operators.scale_state import INT32_MAX, ScaleState, init_scale_state
 from jax_amp_scale.operators.unscale_and_check import PyTree
-from jax_amp_scale.training.scaling import find_scale_state, key_name
+from jax_amp_scale.training.scaling import find_scale_state, path_key
 
 __all__ = [
     "TORCH_KEYS",
@@ -97,16 +97,8 @@ def to_torch_state_dict(state: Any) -> dict[str, float | int]:
     }
 
 
-def _raw_key(key: Any) -> Any:
-    """One key of a pytree path as the tree spells it (a dict key, attribute or index)."""
-    for attr in ("key", "name", "idx"):
-        if hasattr(key, attr):
-            return getattr(key, attr)
-    return key
-
-
 def _keys(path: Any) -> list[str]:
-    return [key_name(k) for k in path] or ["_"]
+    return [str(path_key(k)) for k in path] or ["_"]
 
 
 def to_state_dict(tree: PyTree) -> dict[str, Any]:
@@ -133,7 +125,7 @@ def to_state_dict(tree: PyTree) -> dict[str, Any]:
             first = origin.setdefault(tuple(names[: i + 1]), tuple(path[: i + 1]))
             if first != tuple(path[: i + 1]):  # the same up to i: they differ at i
                 raise ValueError(
-                    f"to_state_dict: keys {_raw_key(first[i])!r} and {_raw_key(path[i])!r} "
+                    f"to_state_dict: keys {path_key(first[i])!r} and {path_key(path[i])!r} "
                     f"at {jax.tree_util.keystr(tuple(path[:i])) or 'the top level'} both "
                     f"become {names[i]!r}; give them distinct string forms"
                 )

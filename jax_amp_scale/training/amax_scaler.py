@@ -5,7 +5,6 @@ Its rule is its own; `DynamicScaler` keeps torch's."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Hashable
 from typing import Any
@@ -17,7 +16,7 @@ import numpy as np
 from jax_amp_scale.mechanisms.floats import is_float_leaf
 from jax_amp_scale.mechanisms.handlers import Backend, check_backend
 from jax_amp_scale.operators import unscale_and_check as gradient_pass
-from jax_amp_scale.operators.scale_state import ScaleState, check_factor, check_int
+from jax_amp_scale.operators.scale_state import ScaleState, check_dtype, check_factor, check_int
 from jax_amp_scale.operators.unscale_and_check import PyTree
 from jax_amp_scale.training.scalers import ScalerBase, fixed_state, found_flag, register_scaler
 
@@ -27,6 +26,7 @@ _NO_LIMIT = 1 << 20  # "no bound" for an exponent (all-zero gradients)
 _PROBE = 1.0  # the first step's scale: no gradient finite unscaled overflows there
 
 
+@register_scaler
 @dataclasses.dataclass(frozen=True)
 class AmaxScaler(ScalerBase):
     """A power-of-two scale set ahead of overflow from the step's amax.
@@ -72,7 +72,7 @@ class AmaxScaler(ScalerBase):
     @property
     def target(self) -> float:
         """The line the amax is kept under, ``largest / 2**(margin + ceil(log2(micro_batches)))``."""
-        return self.largest / 2.0 ** (self.margin + _ceil_log2(self.micro_batches))
+        return self.largest / 2.0 ** (self.margin + (self.micro_batches - 1).bit_length())
 
     def unscale_and_update(
         self,
@@ -92,13 +92,12 @@ class AmaxScaler(ScalerBase):
           backend: the gradient pass's backend: ``"auto"`` (default: the
             native pass on CPU where it is built, the reference elsewhere),
             ``"reference"`` or ``"ffi"``.
-          update_backend: not used (the rule is pure JAX); taken, and checked,
-            so that generic scaler code can pass it: None (default) or a backend.
+          update_backend: None (default) or a backend: checked and unused (the
+            rule is pure JAX), for generic scaler code.
         """
         if update_backend is not None:
-            check_backend(update_backend)  # checked, then unused: the rule is pure JAX
-        # The amax comes from the pass itself (one read of each gradient on
-        # the CPU's native pass); under axis_name, one pmax beside the flag's.
+            check_backend(update_backend)
+        # The amax comes from the pass itself (one read of each gradient on the CPU).
         scale = self.state.scale.reshape(())
         grads, found, per_leaf = gradient_pass.unscale_check_amax(grads, scale, backend)
         if axis_name is not None:  # one all-reduce: the flag (0 or 1) beside the amaxes
@@ -139,8 +138,7 @@ class AmaxScaler(ScalerBase):
         """The scaler after one step (see `amax_scaler` for the rule).
 
         Args:
-          found_inf: whether this step's gradients were not finite: a bool,
-            int or float scalar of shape ``()`` or ``(1,)``, read by its bits.
+          found_inf: as `DynamicScaler.update`'s.
           amax: the step's amax in scaled units (finite entries only), a
             float scalar; None (default): nothing measured, so a finite step
             keeps the scale.
@@ -148,8 +146,7 @@ class AmaxScaler(ScalerBase):
             ``tree_flatten`` order; None (default) keeps the last ones.
           axis_name: optional mapped axis name(s): ``found_inf`` OR-reduced,
             the amaxes max-reduced across it.
-          backend: checked and unused (the rule is pure JAX), for generic
-            scaler code: ``"auto"`` (default), ``"reference"`` or ``"ffi"``.
+          backend: checked and unused (the rule is pure JAX), for generic scaler code.
         """
         check_backend(backend)  # checked, then unused: the rule is pure JAX
         found = found_flag(found_inf, self.state, axis_name).reshape(())
@@ -201,7 +198,7 @@ class AmaxScaler(ScalerBase):
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """The rule: log2 of the next scale and of the next ceiling, and the
         finite steps counted toward the ceiling's growth."""
-        e_lo, e_hi = _log2_exact(self.min_scale), _log2_exact(self.max_scale)
+        e_lo, e_hi = int(math.log2(self.min_scale)), int(math.log2(self.max_scale))  # exact
         e_s = _log2(self.state.scale.reshape(()))
         e_c = _log2(self.ceiling.reshape(()))
         k = self._room(a)  # largest k with a * 2**k <= target
@@ -262,15 +259,6 @@ def _power(e: jax.Array) -> jax.Array:
     return jnp.ldexp(jnp.float32(1.0), e.astype(jnp.int32))
 
 
-def _ceil_log2(n: int) -> int:
-    return (int(n) - 1).bit_length()
-
-
-def _log2_exact(value: float) -> int:
-    _, e = math.frexp(value)
-    return e - 1  # value is a checked power of two: m == 0.5
-
-
 def _power_of_two(value: Any, name: str) -> float:
     v = check_factor(value, name)
     m, e = math.frexp(v)
@@ -282,7 +270,7 @@ def _power_of_two(value: Any, name: str) -> float:
     return v
 
 
-_COMPUTE_DTYPES = ("float16", "bfloat16", "float32")
+_COMPUTE_DTYPES = {jnp.dtype(d) for d in (jnp.float16, jnp.bfloat16, jnp.float32)}
 
 
 def amax_scaler(
@@ -312,13 +300,10 @@ def amax_scaler(
       non-finite:  next = s * 2**(min(k(a), 0) - 1),  c = min(c, s / 2)
       both clipped to [min_scale, max_scale]
 
-    The scale stays a power of two (unscaling is exact).  The ceiling moves as torch's scale
-    does, so where the amax cannot see the tensor that overflows (an activation's gradient),
-    the scale climbs back into an overflow no sooner than torch's.
+    The scale stays a power of two (unscaling is exact); why the ceiling: docs/guide/amax-scaler.md.
 
     Args:
-      margin: log2 of the headroom kept below ``F`` (default 5, measured on the transformer
-        example: docs/guide/amax-scaler.md); an int in [0, 24].
+      margin: log2 of the headroom kept below ``F`` (default 5); an int in [0, 24].
       init_scale: the ceiling's first value, a power of two in [min_scale, max_scale]; None
         (default): 2**16 (torch's first scale) clipped into them.  The first step runs at
         ``min(1, init_scale)`` (at least `min_scale`).
@@ -340,9 +325,11 @@ def amax_scaler(
     m, k = check_int(margin, "margin", 0, 24), check_int(micro_batches, "micro_batches")
     interval = check_int(growth_interval, "growth_interval")
     lo, hi, init = _checked_scales(min_scale, max_scale, init_scale)
-    name, paths = _compute_dtype_name(compute_dtype), _leaf_paths(per_leaf)
-    fresh = _fresh(init, m, k, lo, hi, interval, name, paths, drop_overflow_update)
-    return dataclasses.replace(fresh, measured=_measured(measure))  # () measures every leaf
+    words = "one of float16, bfloat16, float32"
+    name = check_dtype(compute_dtype, "compute_dtype", _COMPUTE_DTYPES, words, ValueError).name
+    paths, measured = _leaf_paths(per_leaf), _measured(measure)
+    static: tuple[Any, ...] = (m, k, lo, hi, interval, name, paths, drop_overflow_update, measured)
+    return AmaxScaler(*_first_leaves(init, lo, len(paths)), *static)
 
 
 def _measured(measure: PyTree) -> tuple[tuple[str, bool], ...]:
@@ -385,16 +372,6 @@ def _checked_scales(min_scale: Any, max_scale: Any, init_scale: Any) -> tuple[fl
     return lo, hi, init
 
 
-def _compute_dtype_name(compute_dtype: Any) -> str:
-    try:
-        name = jnp.dtype(compute_dtype).name
-    except TypeError:
-        name = repr(compute_dtype)
-    if name not in _COMPUTE_DTYPES:
-        raise ValueError(f"compute_dtype must be one of {', '.join(_COMPUTE_DTYPES)}; got {name}")
-    return name
-
-
 def _leaf_paths(per_leaf: PyTree) -> tuple[str, ...]:
     """The keystr paths of `per_leaf`'s floating leaves; () for None."""
     if per_leaf is None:
@@ -406,50 +383,15 @@ def _leaf_paths(per_leaf: PyTree) -> tuple[str, ...]:
     return paths
 
 
-def _fresh(
-    init: float,
-    margin: int,
-    micro_batches: int,
-    min_scale: float,
-    max_scale: float,
-    growth_interval: int,
-    compute_dtype: str,
-    leaf_paths: tuple[str, ...],
-    drop_overflow_update: bool,
-) -> AmaxScaler:
-    """A scaler before its first step: at the probe scale, under ceiling `init`."""
-    f32 = functools.partial(jnp.zeros, (), jnp.float32)
-    probe = min(max(_PROBE, min_scale), init)
-    return AmaxScaler(
+def _first_leaves(ceiling: float, min_scale: float, n_leaves: int) -> tuple[Any, ...]:
+    """The leaves before the first step: the probe scale under `ceiling`, nothing measured."""
+    probe = min(max(_PROBE, min_scale), ceiling)
+    return (
         fixed_state(probe, jnp.float32, ()),
-        jnp.full((), init, jnp.float32),
-        f32(),
-        f32(),
+        jnp.full((), ceiling, jnp.float32),
+        jnp.zeros((), jnp.float32),
+        jnp.zeros((), jnp.float32),
         jnp.full((), _NO_STEP, jnp.int32),
         jnp.zeros((), jnp.int32),
-        jnp.zeros((len(leaf_paths),), jnp.float32) if leaf_paths else None,
-        margin,
-        micro_batches,
-        min_scale,
-        max_scale,
-        growth_interval,
-        compute_dtype,
-        leaf_paths,
-        drop_overflow_update,
+        jnp.zeros((n_leaves,), jnp.float32) if n_leaves else None,
     )
-
-
-register_scaler(
-    AmaxScaler,
-    [
-        "margin",
-        "micro_batches",
-        "min_scale",
-        "max_scale",
-        "growth_interval",
-        "compute_dtype",
-        "leaf_paths",
-        "drop_overflow_update",
-        "measured",
-    ],
-)

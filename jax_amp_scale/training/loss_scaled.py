@@ -1,10 +1,6 @@
 """`loss_scaled`: an optax wrapper that unscales, checks and skips overflow
 steps; and `optimizer_step`, torch's ``scaler.step(opt)`` for hand-written loops.
-
-One ``update``: average the gradients over ``axis_name``, unscale and check
-them with the scaler, OR the flag over ``axis_name``, advance the scaler, run
-the inner update, and keep it or drop it with one select per leaf.
-"""
+One ``update``, step by step: ARCHITECTURE.md."""
 
 from __future__ import annotations
 
@@ -182,15 +178,12 @@ def check_same_scaler(expected: Any, got: Any) -> None:
 
 
 def describe(scaler: Any) -> str:
-    """The static configuration of a scaler, as the constructor would take it."""
+    """The static configuration of a scaler (its fields with a default: see
+    `scalers.register_scaler`), as the constructor would take it."""
     if not dataclasses.is_dataclass(scaler):
         return type(scaler).__name__
-    fields = [
-        f"{f.name}={getattr(scaler, f.name)!r}"
-        for f in dataclasses.fields(scaler)
-        if f.name not in ("state", "hysteresis_left")
-        and not isinstance(getattr(scaler, f.name), jax.Array)  # AmaxScaler's telemetry
-    ]
+    static = (f.name for f in dataclasses.fields(scaler) if f.default is not dataclasses.MISSING)
+    fields = [f"{name}={getattr(scaler, name)!r}" for name in static]
     st = getattr(scaler, "state", None)
     if isinstance(st, ScaleState):
         names = ("growth_factor", "backoff_factor", "growth_interval", "rule")
@@ -199,9 +192,8 @@ def describe(scaler: Any) -> str:
 
 
 # Two optax wrappers around loss_scaled break it with no sign in their state or
-# calls: only the caller of init tells them apart (their init calls the wrapped
-# one in every optax from 0.2.4, the oldest supported, to 0.2.8;
-# tests/training/loss_scaled/test_accumulate_and_guards.py checks both against the installed optax).
+# calls: only the caller of init tells them apart
+# (tests/training/loss_scaled/test_accumulate_and_guards.py checks both).
 WRAPPER_ERRORS = {
     "optax.MultiSteps": "loss_scaled(...) inside optax.MultiSteps: MultiSteps keeps its "
     "accumulator as (1 - emit) * acc, so one overflowing micro-batch leaves a NaN in it for "
@@ -268,12 +260,10 @@ def loss_scaled(
         `params`: an update) is 16-bit and overflow steps are dropped.
       max_consecutive_overflows: None (torch: no limit) or n: the n-th
         overflowing step in a row fails the step, by a host report.
-      host_reports: the host's warnings (50 overflows in a row, naming the
-        likely causes; a dynamic scale at 0 or ``min_scale``; a run of 10
-        non-finite updates) and the `max_consecutive_overflows` error, which
-        reaches your code as a ``jax.errors.JaxRuntimeError`` when the step's
-        result is read (not caught by ``except FloatingPointError``, the text
-        inside that JaxRuntimeError).  False for ``jax.export``.
+      host_reports: the host's warnings (docs/guide/training.md) and the
+        `max_consecutive_overflows` error, which reaches your code as a
+        ``jax.errors.JaxRuntimeError`` when the step's result is read.  False
+        for ``jax.export``.
       backend: the `update_scale` backend (``"auto"``, ``"reference"``,
         ``"ffi"``); the gradient pass is ``"reference"`` with
         ``"reference"``, else ``"auto"``.
@@ -326,10 +316,9 @@ class _Step:
                 f"got {type(inner).__name__}"
             )
         scaler = scalers.as_scaler(scaler)
-        limit = max_consecutive_overflows
+        limit, skip_nonfinite = max_consecutive_overflows, skip_nonfinite_updates
         if limit is not None:
             limit = check_int(limit, "max_consecutive_overflows", 1, None, "an int >= 1 or None")
-        skip_nonfinite = skip_nonfinite_updates
         if skip_nonfinite is not None:
             skip_nonfinite = check_bool(skip_nonfinite, "skip_nonfinite_updates")
         reporting = check_bool(host_reports, "host_reports")
@@ -362,8 +351,7 @@ class _Step:
 
     @property
     def pass_backend(self) -> Backend:
-        # "ffi" asks for the native update-scale operator; the gradient pass
-        # takes the native route wherever there is one unless told "reference".
+        """The gradient pass's backend: "ffi" names the update-scale operator's."""
         return "reference" if self.backend == "reference" else "auto"
 
     def update(

@@ -90,17 +90,13 @@ def accumulate_gradients(
 
     Wrap the loss-scaled optimizer: ``accumulate_gradients(loss_scaled(inner),
     k)``, and feed every micro-batch's *scaled* gradients.  They are summed in
-    the parameters' dtypes (torch's ``.grad``); on the k-th call the sum
-    divided by `k` (the mean; exact for `k` a power of two) goes to `inner`,
-    which unscales and checks it, steps or skips, and updates the scale once
-    per window.  An overflow in any micro-batch skips the whole window.  The
-    other calls return zero updates and leave `inner`'s state untouched.
-
-    `LossScaledState`'s counters count optimizer steps (windows).  Divide
-    nothing yourself: the mean matches a torch loop that divides each
-    micro-batch loss by `k`.  The micro-batch gradients themselves are `k`
-    times that loop's, so a float16 backward pass reaches 65504 at a scale
-    `k` times smaller; ``amax_scaler(micro_batches=k)`` leaves room for it.
+    the parameters' dtypes (torch's ``.grad``); on the k-th call their mean
+    goes to `inner`, which unscales and checks it, steps or skips, and
+    updates the scale once per window (an overflow in any micro-batch skips
+    the whole window).  The other calls return zero updates and leave
+    `inner`'s state untouched.  Divide nothing yourself; room for the larger
+    micro-batch gradients: ``amax_scaler(micro_batches=k)``
+    (:doc:`/guide/accumulation`).
 
     Args:
       inner: the optax transformation that gets each window's mean, usually
@@ -154,9 +150,8 @@ def clip_grad_norm(max_norm: float | None) -> optax.GradientTransformation:
     optax.adam(1e-3)))``; a skipped step keeps the previous norm.
 
     Args:
-      max_norm: the largest global norm kept, a Python or NumPy real number,
-        finite and > 0 (a ``TypeError`` or ``ValueError`` otherwise); or None
-        to record the norm without clipping.
+      max_norm: as in `jax_amp_scale.clip_by_global_norm`, or None to record
+        the norm without clipping.
     """
     limit = None if max_norm is None else scaling.check_max_norm(max_norm, "max_norm")
 

@@ -15,16 +15,9 @@ from typing import Any
 import jax
 
 from jax_amp_scale.mechanisms.custom_call import varying_axes
-from jax_amp_scale.operators.scale_state import or_across
 from jax_amp_scale.operators.unscale_and_check import PyTree
 
-__all__ = ["mean_gradients", "or_across"]
-
-
-def _checked(name: Hashable) -> bool:
-    """Whether `name` is a shard_map axis with varying-axes checking on: only
-    there does the index along it vary in its type."""
-    return name in varying_axes(jax.lax.axis_index(name))
+__all__ = ["mean_gradients"]
 
 
 def _size(name: Hashable) -> Any:
@@ -47,7 +40,9 @@ def mean_gradients(grads: PyTree, axis_name: Hashable | None, *, loss: Any = Non
     if axis_name is None:
         return grads
     names = tuple(axis_name) if isinstance(axis_name, tuple | list) else (axis_name,)
-    checked = tuple(n for n in names if _checked(n))
+    # The shard_map axes with varying-axes checking on: only there does the
+    # index along the axis vary in its type.
+    checked = tuple(n for n in names if n in varying_axes(jax.lax.axis_index(n)))
     if loss is not None:
         reduced = [n for n in checked if n not in varying_axes(loss)]
         if reduced:

@@ -20,8 +20,6 @@ NONFINITE_RUN_WARNING = 10
 # below 1e-10: no real gradient needs that, so the cause is elsewhere.
 RUNAWAY_WARNING = 50
 
-# (optax.MultiSteps around loss_scaled, whose accumulator would keep a NaN
-# for good, is no cause: that setup raises TypeError at init.)
 RUNAWAY_CAUSES = (
     "the likely causes: a NaN or inf in the loss, the data or the parameters "
     "(jas.nonfinite_paths(jas.nonfinite_leaves(grads)) names the leaves); "

@@ -43,6 +43,7 @@ from jax_amp_scale.operators.update_scale import update_scale
 from jax_amp_scale.training import scaling, serialization
 
 _Fixed = TypeVar("_Fixed", bound="ScalerBase")  # typing.Self is 3.11+
+_Class = TypeVar("_Class", bound=type)
 
 ADJUST_ERROR = (
     "{cls}.adjust does not exist here: jmp's adjust(grads_finite) takes True for a GOOD "
@@ -142,10 +143,22 @@ class ScalerBase:
         return grads, found, self.update(found, backend=update_backend or backend)
 
 
+def register_scaler(cls: _Class) -> _Class:
+    """Registers a scaler dataclass as a pytree and for jax.export serialization:
+    the fields with a default are static, the others leaves."""
+    fields = dataclasses.fields(cls)
+    meta = [f.name for f in fields if f.default is not dataclasses.MISSING]
+    data = [f.name for f in fields if f.default is dataclasses.MISSING]
+    jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
+    serialization.register_dataclass(cls, meta)
+    return cls
+
+
 def found_flag(found_inf: Any, state: ScaleState, axis_name: Hashable | None) -> jax.Array:
     return or_across(found_to_bool(found_inf, tuple(state.scale.shape)), axis_name)
 
 
+@register_scaler
 @dataclasses.dataclass(frozen=True)
 class DynamicScaler(ScalerBase):
     """torch ``GradScaler``'s dynamic scale, optionally bounded and with hysteresis.
@@ -214,6 +227,7 @@ class DynamicScaler(ScalerBase):
         )
 
 
+@register_scaler
 @dataclasses.dataclass(frozen=True)
 class StaticScaler(ScalerBase):
     """A fixed scale (MindSpore's ``FixedLossScaleManager``).
@@ -227,6 +241,7 @@ class StaticScaler(ScalerBase):
     drop_overflow_update: bool = True
 
 
+@register_scaler
 @dataclasses.dataclass(frozen=True)
 class NoOpScaler(ScalerBase):
     """No scaling (bfloat16/float32 runs): scale 1, nothing multiplied.
@@ -242,19 +257,6 @@ class NoOpScaler(ScalerBase):
     @property
     def is_identity(self) -> bool:
         return True
-
-
-def register_scaler(cls: type, meta_fields: list[str]) -> None:
-    """Registers a scaler dataclass as a pytree (`meta_fields` static, the rest
-    leaves) and for jax.export serialization under the same names."""
-    data = [f.name for f in dataclasses.fields(cls) if f.name not in meta_fields]
-    jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta_fields)
-    serialization.register_dataclass(cls, meta_fields)
-
-
-register_scaler(DynamicScaler, ["min_scale", "max_scale", "hysteresis", "drop_overflow_update"])
-register_scaler(StaticScaler, ["drop_overflow_update"])
-register_scaler(NoOpScaler, ["drop_overflow_update"])
 
 
 def fixed_state(value: float, dtype: Any, shape: tuple[int, ...]) -> ScaleState:
@@ -370,12 +372,7 @@ def static_scaler(
     Args:
       scale: the loss scale, a Python or NumPy real number (not a JAX
         array): finite, > 0 and still finite once rounded to `dtype`.
-      drop_overflow_update: whether `loss_scaled` and `Trainer` skip a step
-        whose gradients overflowed (True, default) or apply it.
-      dtype: the scale's dtype: ``jnp.float32`` (default), ``jnp.float16``
-        or ``jnp.bfloat16``.
-      shape: the scale's shape, ``()`` (default) or ``(1,)`` (Ascend's
-        operator's).
+      drop_overflow_update, dtype, shape: as in `dynamic_scaler`.
     """
     value = check_factor(scale, "scale")
     dt = check_dtype(dtype)
@@ -409,7 +406,6 @@ def as_scaler(value: Any, name: str = "scaler") -> ScalerBase:
         return DynamicScaler(value, jnp.ones(jnp.shape(value.scale), jnp.int32))
     raise TypeError(
         f"{name} must be a DynamicScaler, StaticScaler, NoOpScaler, AmaxScaler or ScaleState "
-        f"(build one with dynamic_scaler(), static_scaler(x), no_op_scaler() or "
-        f"amax_scaler()); "
-        f"got {type(value).__name__}"
+        "(build one with dynamic_scaler(), static_scaler(x), no_op_scaler() or "
+        f"amax_scaler()); got {type(value).__name__}"
     )

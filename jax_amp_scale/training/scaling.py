@@ -49,12 +49,12 @@ def find_scale_state(tree: PyTree) -> ScaleState:
     return found[0]
 
 
-def key_name(key: Any) -> str:
-    """One key of a pytree path as a name: a dict key, attribute or index."""
+def path_key(key: Any) -> Any:
+    """One key of a pytree path as the tree spells it: a dict key, attribute or index."""
     for attr in ("key", "name", "idx"):
         if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
+            return getattr(key, attr)
+    return key
 
 
 def map_floats(fn: Callable[[jax.Array], Any], tree: PyTree) -> PyTree:
@@ -131,14 +131,6 @@ def scale_loss(loss: PyTree, state: Any) -> PyTree:
     return map_floats(one, loss)
 
 
-def _inverse(state: Any) -> jax.Array | None:
-    if _is_identity(state):
-        return None
-    # torch's GradScaler inv_scale bit for bit, subnormal above 2**126
-    # (floats.inverse_scale; unscale_leaf and the native pass multiply exactly).
-    return inverse_scale(scale_value(state))
-
-
 def unscale(tree: PyTree, state: Any) -> PyTree:
     """Multiplies every floating leaf by ``float32(1 / scale)``, in
     ``promote_types(dtype, float32)`` rounded once back to its own dtype.
@@ -146,14 +138,15 @@ def unscale(tree: PyTree, state: Any) -> PyTree:
     Args:
       tree: the gradients (any pytree, mixed dtypes); non-floating leaves
         are returned as they are.
-      state: where the scale lives: a `ScaleState`, a scaler, a
-        `LossScaledState`, any pytree holding exactly one `ScaleState`, or a
-        float scalar.  With a `NoOpScaler` (or a `LossScaledState` holding
-        one), `tree` is returned as it is.
+      state: where the scale lives (see the module docstring).  With a
+        `NoOpScaler` (or a `LossScaledState` holding one), `tree` is
+        returned as it is.
     """
-    inv = _inverse(state)
-    if inv is None:  # identity scale: the tree as is, like scale_loss
+    if _is_identity(state):
         return tree
+    # torch's GradScaler inv_scale bit for bit, subnormal above 2**126
+    # (unscale_leaf and the native pass multiply exactly).
+    inv = inverse_scale(scale_value(state))
     return jax.tree_util.tree_map(lambda x: unscale_leaf(x, inv), tree)
 
 

@@ -1,15 +1,8 @@
 """`watch_amax`: the largest |cotangent| at a point of the backward pass,
-returned as the gradient of a probe.
-
-Under loss scaling, what overflows first is often not a parameter gradient
-but a float16 tensor inside the backward pass: an activation's cotangent, a
-matrix product's output (examples/overflow_first.py measures which).  The
-parameter gradients cannot show it: an overflow there is already inf by the
-time it reaches them.  `watch_amax` marks a point of the forward pass (an
-identity, optionally a cast); in the backward pass it passes the cotangent
-on unchanged and returns the cotangent's amax as the gradient of a float32
-scalar, the probe, in the same pass (no second one): the mechanism flax's
-fp8 ops use to return their amax history as a gradient.
+returned as the gradient of a probe (the mechanism flax's fp8 ops use to
+return their amax history).  What overflows first under loss scaling is
+often a float16 tensor inside the backward pass, which the parameter
+gradients only show as inf (examples/overflow_first.py measures which).
 """
 
 from __future__ import annotations
@@ -51,30 +44,25 @@ def watch_amax(x: Any, probe: Any, *, dtype: Any = None) -> jax.Array:
     Forward: ``x``, or ``x.astype(dtype)``, bit for bit.  Backward: the
     cotangent ``ct`` of the result passes on unchanged (cast back to
     ``x.dtype``), and the gradient of `probe` is ``max |ct|`` over the finite
-    entries of ``ct``, in ``ct``'s own units (the scaled units of a
-    loss-scaled backward pass) and taken before the cast back, rounded to
-    float32: 0.0 when ``ct`` has no finite entry (all inf or NaN) or no
-    entry.  So at a float32-to-float16 cast (``dtype=jnp.float16``) the probe
-    sees the float16 cotangent the compute region hands back; at a
-    float16-to-float32 cast (``dtype=jnp.float32`` on a float16 ``x``: the
-    logits, a float16 branch added to a float32 residual) it sees the float32
-    cotangent *before* it is narrowed to float16, so a value that will
-    overflow there shows as itself (70000.0), not as inf.
+    entries of ``ct`` (0.0 where there is none), in ``ct``'s own units (the
+    scaled units of a loss-scaled backward pass), taken before the cast back
+    and rounded to float32.  So at a float16-to-float32 cast (the logits,
+    ``dtype=jnp.float32``) the probe sees the float32 cotangent *before* it
+    is narrowed to float16: a value that will overflow there shows as itself
+    (70000.0), not as inf.
 
-    Transformations: ``jit``; ``vmap`` with a shared (unbatched) probe gives
-    the max over the batch (not the sum ``vmap`` of a ``custom_vjp`` would
-    give), with a batched probe each example's own amax; ``shard_map`` with
-    varying-axes checking (the default) gives the max over the devices the
-    cotangent varies over and the probe does not (a ``pmax`` in the backward
-    pass); without checking (and on jax < 0.7) JAX sums the devices'
-    amaxes into a shared probe's gradient, an upper bound (give each device
-    its own probe, ``P(axis)``, and take their max).  Differentiating the
-    backward pass again (grad of grad) sees the cotangent's path; the amax
-    is a statistic, with zero derivative.  Forward-mode (``jax.jvp``) is not
-    supported (a ``custom_vjp``).  Give each probe to one watch: the gradient
-    of a probe used twice is the sum of their amaxes, as is a probe shared
-    by ``lax.scan``'s iterations: pass one per iteration, as ``xs``, and
-    take the max of their gradients.
+    Transformations: ``jit``; ``vmap`` with a shared probe gives the max over
+    the batch (not the sum ``vmap`` of a ``custom_vjp`` would give), with a
+    batched probe each example's own amax; ``shard_map`` with varying-axes
+    checking (the default) gives the max over the devices the cotangent
+    varies over and the probe does not; without checking (and on jax < 0.7)
+    JAX sums the devices' amaxes into a shared probe's gradient, an upper
+    bound (give each device its own probe, ``P(axis)``, and take their max).
+    The amax has zero derivative (grad of grad sees the cotangent's path);
+    forward mode (``jax.jvp``) is not supported.  Give each probe to one
+    watch: a probe used twice, or shared by ``lax.scan``'s iterations, gets
+    the sum of their amaxes: pass one per iteration, as ``xs``, and take the
+    max of their gradients.
 
     Args:
       x: a floating array (float16, bfloat16, float32 or float64).
@@ -93,17 +81,10 @@ def watch_amax(x: Any, probe: Any, *, dtype: Any = None) -> jax.Array:
     """
     x = _check_x(x)
     probe = _check_probe(probe)
-    out = (
-        x.dtype
-        if dtype is None
-        else check_dtype(
-            dtype,
-            "watch_amax: dtype",
-            _FLOATS,
-            "None or a floating dtype (float16, bfloat16, float32 or float64)",
-            ValueError,
-        )
-    )
+    out = x.dtype
+    if dtype is not None:
+        words = "None or a floating dtype (float16, bfloat16, float32 or float64)"
+        out = check_dtype(dtype, "watch_amax: dtype", _FLOATS, words, ValueError)
     return _watch(x.dtype, out)(x, probe)
 
 
