@@ -12,8 +12,8 @@
 - what the operators' ``custom_partitioning`` rules share (XLA cannot see
   inside a custom call, so on its own it gathers every sharded operand
   around one): `unwrapped` (one device, or inside `whole_arrays` for
-  ``jax.export``: plain calls), `typed_like`, `operand_sharding`,
-  `replicated_like`, `spec_axes`, `local_shapes`.
+  ``jax.export``: plain calls), `typed_like`, `operand_shardings`,
+  `spec_axes`, `local_shapes`.
 """
 
 from __future__ import annotations
@@ -280,19 +280,20 @@ def local_shapes() -> Any:
     return contextlib.nullcontext()
 
 
-def operand_sharding(mesh: Any, arg_shape: Any) -> Any:
-    """The sharding XLA gives an operand (None on older jax for an
-    unannotated one: replicated)."""
-    s = arg_shape.sharding
-    if s is None:
-        return NamedSharding(mesh, PartitionSpec())
-    return s
-
-
-def replicated_like(sharding: Any) -> NamedSharding:
-    """A replicated sharding over `sharding`'s devices."""
-    devices = sorted(sharding.device_set, key=lambda d: d.id)
-    return NamedSharding(Mesh(np.array(devices), ("replicas",)), PartitionSpec())
+def operand_shardings(mesh: Any, arg_shapes: Any) -> tuple[NamedSharding, list[Any], bool]:
+    """``(replicated, shardings, named)`` for a partitioning rule's operands:
+    the sharding XLA gives each (None on older jax for an unannotated one:
+    replicated) and a replicated one.  Where some operand's sharding has no
+    mesh axis names (a program without a mesh), every one is replicated over
+    the first's devices and `named` is False: raising instead would abort the
+    process inside XLA's compiler."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    own = [replicated if a.sharding is None else a.sharding for a in arg_shapes]
+    if all(isinstance(s, NamedSharding) for s in own):
+        return replicated, own, True
+    devices = sorted(own[0].device_set, key=lambda d: d.id)
+    replicated = NamedSharding(Mesh(np.array(devices), ("replicas",)), PartitionSpec())
+    return replicated, [replicated] * len(own), False
 
 
 def spec_axes(sharding: Any) -> list[Hashable]:

@@ -34,7 +34,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_amp_scale.mechanisms import cann_device, handlers
 from jax_amp_scale.mechanisms import custom_call as cc
@@ -106,13 +105,9 @@ def _read_everywhere(found: jax.Array, grads: list[jax.Array]) -> jax.Array:
         return _read(f, *gs)
 
     def shardings(mesh: Any, arg_shapes: Any) -> tuple[Any, list[Any], tuple[Any, ...]]:
-        own = [cc.operand_sharding(mesh, a) for a in arg_shapes[1:]]
-        if not all(isinstance(s, NamedSharding) for s in own):
-            # No mesh axis names to reduce over: replicated (correct, gathers);
-            # raising here would abort the process inside XLA's compiler.
-            rep = cc.replicated_like(own[0])
-            return rep, [rep] * len(own), ()
-        return NamedSharding(mesh, PartitionSpec()), own, tuple(mesh.axis_names)
+        # Without mesh axis names, no axis to reduce over: replicated (gathers).
+        rep, own, named = cc.operand_shardings(mesh, arg_shapes[1:])
+        return rep, own, tuple(mesh.axis_names) if named else ()
 
     def partition(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
         rep, own, axes = shardings(mesh, arg_shapes)

@@ -23,7 +23,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding
 
 from jax_amp_scale.mechanisms import custom_call as cc
 from jax_amp_scale.mechanisms import floats, handlers
@@ -145,26 +144,21 @@ def refuse_infinite_growth(
     return jnp.where(grew_to_inf, old_scale, new_scale)
 
 
-def _elementwise_rule(ndim: int, n_in: int, n_out: int) -> str:
-    value = " ".join(f"d{d}" for d in range(ndim))
-    return ", ".join([value] * n_in) + " -> " + ", ".join([value] * n_out)
-
-
 def _per_element_partitioned(fn: Callable[..., Any], *args: jax.Array) -> Any:
     shape = args[0].shape
     if cc.unwrapped() or any(a.shape != shape for a in args):
         return tuple(cc.typed_like(y, args[0]) for y in fn(*args))
     n_out = len(jax.eval_shape(fn, *args))
+    dims = " ".join(f"d{d}" for d in range(len(shape)))
+    shardy_rule = ", ".join([dims] * len(args)) + " -> " + ", ".join([dims] * n_out)
 
     @custom_partitioning
     def call(*xs: jax.Array) -> tuple[jax.Array, ...]:
         return tuple(cc.typed_like(y, xs[0]) for y in fn(*xs))
 
     def sharding(mesh: Any, arg_shapes: Any) -> Any:
-        s = cc.operand_sharding(mesh, arg_shapes[0])
-        # Unnamed (no mesh) and sharded: replicate rather than raise, which
-        # would abort the process inside XLA's compiler.
-        return s if isinstance(s, NamedSharding) else cc.replicated_like(s)
+        _, (first,), _ = cc.operand_shardings(mesh, arg_shapes[:1])
+        return first
 
     def partition(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
         s = sharding(mesh, arg_shapes)
@@ -176,7 +170,7 @@ def _per_element_partitioned(fn: Callable[..., Any], *args: jax.Array) -> Any:
     call.def_partition(
         partition=partition,
         infer_sharding_from_operands=infer,
-        sharding_rule=_elementwise_rule(len(shape), len(args), n_out),
+        sharding_rule=shardy_rule,
     )
     return call(*args)
 
@@ -278,10 +272,8 @@ def amp_update_scale(
       growth_interval: Python int in [1, 2**31 - 1] (static).
       backend: ``"reference"`` (pure JAX, every platform), ``"ffi"`` (the
         native custom call; lowering fails clearly on a platform without a
-        handler) or ``"auto"`` (per lowering platform: the native handler
-        on the CPU, where it measured faster in ``bench/``, and on Ascend,
-        CANN's own operators; the reference on CUDA, whose handler has never
-        run on a GPU, and elsewhere: `auto_backend` answers).
+        handler) or ``"auto"`` (per lowering platform: the native handler on
+        CPU and Ascend, the reference elsewhere; `auto_backend` answers).
       axis_name: optional mapped axis name, or tuple of names, of
         ``shard_map``/``pmap``/``vmap``; found_inf is OR-reduced across it so
         every replica takes one decision.
