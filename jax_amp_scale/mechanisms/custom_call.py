@@ -1,19 +1,10 @@
-"""What every custom call of this package needs, written once.
-
-- `per_platform`: `lax.platform_dependent` over the platforms that have a
-  handler, with every branch typed alike (shard_map varying axes included);
-  the other platforms' branch is traced only where it is lowered.
-- `unavailable`: an identity that fails at lowering time, with a clear
-  message, on a platform with no handler (``backend="ffi"`` there).
-- `with_reference_rules`: vmap and jvp of a native call taken from the
-  pure-JAX reference with the same signature.
-- `vary_like`: results typed as varying wherever an input varies
-  (`jax.ffi.ffi_call` types results from shapes and dtypes only).
-- what the operators' ``custom_partitioning`` rules share (XLA cannot see
-  inside a custom call, so on its own it gathers every sharded operand
-  around one): `unwrapped` (one device, or inside `whole_arrays` for
-  ``jax.export``: plain calls), `typed_like`, `operand_shardings`,
-  `spec_axes`, `local_shapes`.
+"""What every custom call of this package needs, written once: the branch
+per lowering platform (`per_platform`), the lowering-time error where
+``backend="ffi"`` has no handler (`unavailable`), vmap and jvp taken from the
+reference (`with_reference_rules`), shard_map's varying axes (`vary_like`),
+and what the operators' ``custom_partitioning`` rules share (XLA cannot see
+inside a custom call, so on its own it gathers every sharded operand
+around one).
 """
 
 from __future__ import annotations

@@ -46,12 +46,8 @@ def saturation_platforms() -> frozenset[str]:
     """The CANN platforms with the flag's handlers whose device saturates."""
     have = handlers.platforms(handlers.FLOAT_STATUS_READ) & handlers.CANN_PLATFORMS
     have = have & handlers.platforms(handlers.FLOAT_STATUS_CLEAR)
-    if not have:
-        return frozenset()
-    found = cann_device.device()
-    if found is None or not found.saturation:
-        return frozenset()
-    return have
+    found = cann_device.device() if have else None
+    return have if found is not None and found.saturation else frozenset()
 
 
 # Neither call is marked side-effecting: their results are consumed (so XLA
@@ -79,13 +75,6 @@ def _read(*order: jax.Array) -> jax.Array:
         vmap_method="sequential",
     )
     return jnp.any(cc.vary_like(call(*order), order) != 0)
-
-
-def _read_rule(ranks: list[int]) -> str:
-    """The Shardy rule of the read: a replicated flag, then each gradient
-    with dimensions of its own (any may stay sharded) -> a replicated flag."""
-    grads = [" ".join(f"g{k}d{d}" for d in range(r)) for k, r in enumerate(ranks)]
-    return ", ".join(["", *grads]) + " -> "
 
 
 def _read_everywhere(found: jax.Array, grads: list[jax.Array]) -> jax.Array:
@@ -124,10 +113,13 @@ def _read_everywhere(found: jax.Array, grads: list[jax.Array]) -> jax.Array:
     def infer(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
         return shardings(mesh, arg_shapes)[0]
 
+    # The Shardy rule: a replicated flag, then each gradient with dimensions
+    # of its own (any may stay sharded) -> a replicated flag.
+    dims = [" ".join(f"g{k}d{d}" for d in range(g.ndim)) for k, g in enumerate(grads)]
     call.def_partition(
         partition=partition,
         infer_sharding_from_operands=infer,
-        sharding_rule=_read_rule([g.ndim for g in grads]),
+        sharding_rule=", ".join(["", *dims]) + " -> ",
     )
     return call(found, *grads)  # type: ignore[no-any-return]
 
@@ -140,14 +132,7 @@ def clear_before_backward(scale: jax.Array, loss: Any) -> jax.Array:
         return scale
     order = [jax.lax.stop_gradient(x) for x in jax.tree_util.tree_leaves(loss)]
     order = [x for x in order if hasattr(x, "dtype")]
-
-    def native(s: jax.Array, *xs: jax.Array) -> jax.Array:
-        return _clear(s, *xs)
-
-    def other(s: jax.Array, *xs: jax.Array) -> jax.Array:
-        return s
-
-    return cc.per_platform(native, other, scale, *order, native_on=on)  # type: ignore[no-any-return]
+    return cc.per_platform(_clear, _first, scale, *order, native_on=on)  # type: ignore[no-any-return]
 
 
 def or_flag(found: jax.Array, grads: list[jax.Array]) -> jax.Array:
@@ -161,7 +146,9 @@ def or_flag(found: jax.Array, grads: list[jax.Array]) -> jax.Array:
     def native(f: jax.Array, *gs: jax.Array) -> jax.Array:
         return _clear(jnp.logical_or(f, _read_everywhere(f, list(gs))))
 
-    def other(f: jax.Array, *gs: jax.Array) -> jax.Array:
-        return f
+    return cc.per_platform(native, _first, found, *grads, native_on=on)  # type: ignore[no-any-return]
 
-    return cc.per_platform(native, other, found, *grads, native_on=on)  # type: ignore[no-any-return]
+
+def _first(x: jax.Array, *order: jax.Array) -> jax.Array:
+    """The other platforms' branch: `x` as it is."""
+    return x

@@ -1,16 +1,11 @@
 """The gradient pass: unscale the gradients and check them for inf/NaN in one pass.
 
-Everything of the operator lives here, in this order:
-
-- its pure-JAX reference (`reference_pass`): each leaf times torch's
-  inverse scale (`floats.multiply_by_inverse`, exact at every scale),
-  checked after unscaling;
-- its native call (``jas_unscale_and_check_v1``: ffi/unscale_and_check.cc,
-  the pass in ffi/unscale_and_check.h; on Ascend CANN's
-  ``aclnnForeachNonFiniteCheckAndUnscale``, ffi/ascend.cc), partitioned per
-  shard with the flag OR-reduced by one scalar all-reduce;
-- the choice between them and the operator over a pytree
-  (`unscale_and_check`, `all_finite`).
+Its pure-JAX reference (`reference_pass`: each leaf times torch's inverse
+scale, checked after unscaling), its native call
+(``jas_unscale_and_check_v1``, ffi/unscale_and_check.h; on Ascend CANN's
+``aclnnForeachNonFiniteCheckAndUnscale``), partitioned per shard with the
+flag OR-reduced by one scalar all-reduce, and the operator over a pytree
+(`unscale_and_check`) that chooses between them.
 
 The native pass reads the float32 inverse scale and up to
 `LEAVES_PER_CALL` floating leaves, and writes the unscaled leaves in place

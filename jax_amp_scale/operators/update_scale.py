@@ -1,15 +1,9 @@
 """The update-scale operator: one dynamic loss-scale step, ``ScaleState -> ScaleState``.
 
-Everything of the operator lives here, in this order:
-
-- its state and argument checks come from `scale_state`;
-- its pure-JAX reference (`update_scale_reference`), exact on every
-  platform: the products come from `floats` in integer arithmetic;
-- its native call (``jas_update_scale_v2``: ffi/update_scale_cpu.cc,
-  ffi/update_scale_cuda.cu, ffi/ascend.cc; the rule in ffi/update_scale.h),
-  partitioned per element, and the guard after CANN's kernel;
-- the choice between them (`plan`) and the public functions
-  (`update_scale`, `amp_update_scale`).
+Its pure-JAX reference (`update_scale_reference`, exact on every platform),
+its native call (``jas_update_scale_v2``; the rule in ffi/update_scale.h),
+partitioned per element, with the guard after CANN's kernel, and the public
+functions (`update_scale`, `amp_update_scale`) that choose between them.
 """
 
 from __future__ import annotations
