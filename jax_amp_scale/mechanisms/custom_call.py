@@ -99,8 +99,8 @@ def unavailable(op: str, tree: Any) -> Any:
 # The other platforms' branch of `per_platform` as one equation: `fn` (the
 # pure-JAX reference, flat arguments to flat results) is traced when that
 # branch is lowered, vmapped or differentiated, not when the step is traced.
-# On CPU that branch is dead, and tracing the reference over a large tree cost
-# a third of loss_scaled's trace time (bench/RESULTS.md).
+# On CPU that branch is dead, and tracing the reference over a large tree is
+# slow (bench/RESULTS.md).
 _elsewhere_p = Primitive("jas_reference_elsewhere")
 _elsewhere_p.multiple_results = True
 _elsewhere_p.def_abstract_eval(lambda *args, fn, out_avals: out_avals)

@@ -288,8 +288,12 @@ def available_backends(platform: str | None = None, op: str = UPDATE_SCALE) -> t
 
 def auto_backend(platform: str | None = None, op: str = UPDATE_SCALE) -> str:
     """The backend ``"auto"`` picks for `op` on `platform` in this process:
-    ``"ffi"`` or ``"reference"``.  `platform` and `op` as for
-    `available_backends`."""
+    ``"ffi"`` or ``"reference"``.
+
+    Args:
+      platform: a lowering platform name, as for `available_backends`.
+      op: the operator, as for `available_backends`.
+    """
     op = _check_op(op)
     name = platform_name(platform)
     if name in AUTO_NATIVE.get(op, frozenset()) and name in platforms(op):
@@ -299,11 +303,9 @@ def auto_backend(platform: str | None = None, op: str = UPDATE_SCALE) -> str:
 
 # ---- registration on PJRT plugin platforms --------------------------------
 #
-# A plugin's Python side may forward ``jax.ffi.register_ffi_target(...,
-# platform=name)`` to the plugin (the jax CUDA plugin does when its
-# companion package is installed); the Ascend plugin does not.  Registration
-# takes whichever route works: "jax.ffi" where that forwarding exists, else
-# the plugin library's PJRT C API FFI extension (plugin/pjrt_register.cc).
+# Through "jax.ffi" where the plugin's Python side forwards it to the plugin
+# (jax_internals.python_side_forwards), else through the plugin library's
+# PJRT C API FFI extension (plugin/pjrt_register.cc).
 
 
 class PluginRegistrationError(RuntimeError):
@@ -416,14 +418,8 @@ def register_plugin(
         with _lock:
             TARGETS.update({op: flag_targets[op] for op in FLOAT_STATUS})
         for each in (UNSCALE_AND_CHECK, *FLOAT_STATUS):
-            _register_one(
-                platform,
-                api,
-                reg_platform,
-                default_handler(platform, each),
-                targets.get(each) or flag_targets[each],
-                each,
-            )
+            name = targets.get(each) or flag_targets[each]
+            _register_one(platform, api, reg_platform, default_handler(platform, each), name, each)
     target = targets[UPDATE_SCALE] if target is None else str(target)
     op = {v: k for k, v in targets.items()}.get(target)
     capsule = handler if handler is not None else default_handler(platform)

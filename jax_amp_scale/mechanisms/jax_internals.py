@@ -59,12 +59,8 @@ def loaded_plugin_c_apis(discover: bool = True) -> dict[str, Any]:
     if discover and run is not None:
         run()
     factories = dict(getattr(xb, "_backend_factories", {}))
-    out = {}
-    for name, factory in factories.items():
-        c_api = getattr(factory, "c_api", None)
-        if c_api is not None:
-            out[name] = c_api
-    return out
+    c_apis = {name: getattr(factory, "c_api", None) for name, factory in factories.items()}
+    return {name: c_api for name, c_api in c_apis.items() if c_api is not None}
 
 
 def python_side_forwards(registry_platform: str) -> bool:

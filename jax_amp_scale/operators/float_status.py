@@ -1,30 +1,12 @@
-"""The Ascend overflow flag, for a device in saturation mode.
+"""The Ascend overflow flag, for a device in saturation mode, where the
+gradients hold no inf/NaN and the hardware's float status register records
+the overflow instead (docs/ascend.md: why, and the anchors it follows).
 
-In saturation mode (the only mode of the Atlas training and inference
-series; a choice on A2/A3) a float16 overflow stores +-65504 and NaN stores
-0, so the gradients hold no inf/NaN and a check by value never fires.  The
-hardware records the overflow in a float status register instead, and the
-anchors read it: torch_npu's GradScaler clears it in ``scale()`` and reads it
-in ``unscale_`` (torch_npu npu/amp/grad_scaler.py); MindSpore's
-TrainOneStepWithLossScaleCell clears it tied to the loss by ``depend`` and
-reads it after the gradients (mindspore nn/wrap/loss_scale.py).
-
-Here, inside the jitted step, ordered by data (XLA orders nothing else):
-
-- `clear_before_backward`: the scale that `scale_loss` multiplies by passes
-  through the clear, which takes the loss as an operand: the clear runs after
-  the forward pass and before the backward (whose seed is the scale), the
-  place of torch_npu's ``scale()`` and of MindSpore's ``depend``;
-- `or_flag`: the read takes the gradient pass's found_inf and the gradients
-  it produced as operands (so it runs after all of them, as MindSpore's
-  ``depend`` orders its read after the gradients), the flag is ORed into
-  found_inf, and the result passes through a second clear.
-
-Where no CANN platform is being lowered, or its device is in INF_NAN mode,
-both are the identity and the program has no extra call.  The clear after
-the read runs every step, not only after a positive read as in torch_npu:
-clearing an unset flag changes nothing, and a conditional would need its
-predicate on the host (XLA's conditional reads it there).
+Inside the jitted step, ordered by data (XLA orders nothing else):
+`clear_before_backward` clears it after the forward pass and before the
+backward; `or_flag` reads it after the gradient pass, ORs it into
+found_inf, and clears it again.  Where no CANN platform is being lowered,
+or its device is in INF_NAN mode, both are the identity.
 """
 
 from __future__ import annotations
@@ -79,13 +61,10 @@ def _read(*order: jax.Array) -> jax.Array:
 
 def _read_everywhere(found: jax.Array, grads: list[jax.Array]) -> jax.Array:
     """`_read` after `found` and `grads`, ORed over every device of the mesh
-    under ``jit`` with several devices: each device reads its own register
-    (the flag is per device), and XLA, which cannot see inside the call,
-    would otherwise take the per-device answers for one replicated value
-    (replicas would diverge).  Each device takes its own shards of `grads`
-    (nothing is gathered: they only order the read).  Inside ``shard_map``
-    the call is inlined: each device's own flag, which ``axis_name`` reduces
-    with found_inf."""
+    under ``jit`` with several devices: the register is per device, and XLA,
+    which cannot see inside the call, would otherwise take the per-device
+    answers for one replicated value.  Inside ``shard_map`` the call is
+    inlined: each device's own flag, which ``axis_name`` reduces."""
     if cc.unwrapped():
         return _read(found, *grads)
 

@@ -66,8 +66,7 @@ def reference_pass(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, 
     # Each leaf's check reduces the very expression that produces its
     # unscaled value: the shape a multi-output fusion (XLA:GPU) makes one pass.
     outs = [unscale_leaf(x, inv) for x in leaves]
-    finite = jnp.all(jnp.stack([leaf_finite(u) for u in outs]))
-    return jnp.logical_not(finite), outs
+    return jnp.logical_not(all_finite(outs)), outs
 
 
 def reference_amax_pass(
@@ -143,11 +142,9 @@ def cann_one_call(
 
     `inv` goes to the operator's float32 ``invScale`` as is: torch_npu's
     ``float32(1 / float64(scale))`` bit for bit (`floats.inverse_scale`),
-    a float32 subnormal above 2**126.  What is exact: the operator receives
-    the operand torch_npu's GradScaler passes it, so the NPU computes what it
-    computes for torch_npu.  Whether the device's float32 multiply honours a
-    subnormal operand is the kernel's arithmetic, not visible in its source.
-    The CANN test double multiplies in IEEE's default mode.
+    a float32 subnormal above 2**126: the operator receives the operand
+    torch_npu's GradScaler passes it, so the NPU computes what it computes
+    for torch_npu.
 
     found starts as a float32 zero the result aliases: the kernel only ever
     sets it to 1.0, and the handler's launches (256 leaves each) OR into it.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
@@ -79,9 +79,6 @@ def update_scale_reference(
 
 # ---- the native call -----------------------------------------------------------
 
-# One update of (scale, tracker, found): the reference bound to a state's attributes.
-UpdateFn = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
-
 # The operator's attributes and the types its handlers decode them as.
 ATTRIBUTES = {
     "growth_factor": np.float64,
@@ -111,11 +108,9 @@ def call_native(
         )
         return tuple(ffi(s, t, f, **attrs))
 
-    # Each device updates the states it holds (`per_element`).
+    # Each device updates the states it holds (`per_element`); the state
+    # varies over shard_map's axes wherever an input does.
     new_scale, new_tracker = per_element(call)(scale, tracker, found_inf)
-    # ffi_call types its results from the ShapeDtypeStructs above, which say
-    # nothing of shard_map's varying axes; the state varies wherever an input
-    # does, and shard_map's replication check relies on knowing that.
     return cc.vary_like((new_scale, new_tracker), scale, tracker, found)
 
 
@@ -188,41 +183,6 @@ def per_element(fn: Callable[..., Any]) -> Callable[..., Any]:
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
     return call  # type: ignore[no-any-return]
-
-
-def update_scale_native(
-    scale: jax.Array,
-    tracker: jax.Array,
-    found: jax.Array,
-    *,
-    target: str,
-    native_on: Iterable[str],
-    fallback: UpdateFn | None,
-    guarded: Iterable[str] = (),
-    **attrs: float | str,
-) -> tuple[jax.Array, jax.Array]:
-    """The custom call on platforms in `native_on`; elsewhere `fallback`
-    (bound to the same attributes) or, when it is None, a lowering-time error.
-    On platforms in `guarded` (Ascend: the operator is CANN's kernel) the
-    result passes through `refuse_infinite_growth`."""
-
-    def native(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return call_native(target, s, t, f, **attrs)  # type: ignore[arg-type]
-
-    def native_guarded(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
-        new_s, new_t = native(s, t, f)
-        return refuse_infinite_growth(s, f, new_s), new_t
-
-    def other(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
-        if fallback is not None:
-            return fallback(s, t, f)
-        return cc.unavailable(handlers.UPDATE_SCALE, (s, t))  # type: ignore[no-any-return]
-
-    guarded = frozenset(guarded)
-    overrides = {p: native_guarded for p in native_on if p in guarded}
-    return cc.per_platform(  # type: ignore[no-any-return]
-        native, other, scale, tracker, found, native_on=native_on, overrides=overrides
-    )
 
 
 # ---- the choice, and the operator -------------------------------------------
@@ -313,18 +273,24 @@ def update_scale_checked(
     if plan.mode == "reference":
         return update_scale_reference(scale, tracker, found, **attrs)
 
-    def reference(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return update_scale_reference(s, t, f, **attrs)
+    # The custom call on the plan's platforms; elsewhere the reference, or a
+    # lowering-time error for backend="ffi".
+    def native(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return call_native(plan.target, s, t, f, **attrs)
 
-    return update_scale_native(
-        scale,
-        tracker,
-        found,
-        target=plan.target,
-        native_on=plan.platforms,
-        fallback=reference if plan.mode == "native" else None,
-        guarded=plan.cann_platforms,
-        **attrs,
+    def native_guarded(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
+        # Ascend: the operator is CANN's kernel, whose growth may store inf.
+        new_s, new_t = native(s, t, f)
+        return refuse_infinite_growth(s, f, new_s), new_t
+
+    def other(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
+        if plan.mode == "native":
+            return update_scale_reference(s, t, f, **attrs)
+        return cc.unavailable(handlers.UPDATE_SCALE, (s, t))  # type: ignore[no-any-return]
+
+    overrides = {p: native_guarded for p in plan.platforms if p in plan.cann_platforms}
+    return cc.per_platform(  # type: ignore[no-any-return]
+        native, other, scale, tracker, found, native_on=plan.platforms, overrides=overrides
     )
 
 
