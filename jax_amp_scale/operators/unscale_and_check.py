@@ -18,7 +18,7 @@ equal the reference's bit for bit.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
@@ -281,53 +281,6 @@ def elementwise_pass(run: AmaxPass, amax: bool) -> AmaxPass:
     return partitioned
 
 
-def native_pass(
-    inv: jax.Array,
-    leaves: list[jax.Array],
-    *,
-    target: str,
-    native_on: Iterable[str],
-    reference: AmaxPass,
-    strict: bool,
-    cann_platforms: Iterable[str] = (),
-    amax: bool,
-) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
-    """``(found_inf, amaxes, unscaled_leaves)`` through the native pass on
-    `native_on` (`amaxes` empty unless `amax`: then `target` is the amax
-    pass, which has no CANN form).
-
-    Args:
-      inv: float32 scalar, ``1 / scale``.
-      leaves: floating arrays (float16, bfloat16, float32, float64), nonempty.
-      target: the FFI target name.
-      native_on: lowering platforms that run the native pass.
-      reference: the pure pass with the same signature and results; it gives
-        the vmap and jvp rules, and runs on the other platforms.
-      strict: on the other platforms fail at lowering (``backend="ffi"``)
-        rather than run `reference` (``"auto"``).
-      cann_platforms: platforms of `native_on` whose handler is CANN's
-        ``aclnnForeachNonFiniteCheckAndUnscale`` (its calling convention).
-    """
-
-    def other(
-        inv: jax.Array, leaves: list[jax.Array]
-    ) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
-        out = reference(inv, leaves)  # typed like the native branch
-        op = handlers.UNSCALE_CHECK_AMAX if amax else handlers.UNSCALE_AND_CHECK
-        return cc.unavailable(op, out) if strict else out
-
-    # Each device runs the pass on its shards; the flag is OR-reduced (`elementwise_pass`).
-    native = cc.with_reference_rules(elementwise_pass(_calls(target, amax), amax), reference)
-    overrides = {}
-    if not amax:
-        cann_run = _with_amax(cann_fused_pass(target, reference_pass))
-        cann = cc.with_reference_rules(elementwise_pass(cann_run, False), reference)
-        overrides = {p: cann for p in native_on if p in frozenset(cann_platforms)}
-    return cc.per_platform(  # type: ignore[no-any-return]
-        native, other, inv, leaves, native_on=native_on, overrides=overrides
-    )
-
-
 # ---- the choice, and the operator -------------------------------------------
 
 
@@ -342,6 +295,11 @@ def unscale_and_check_leaves(
 def _pass(
     inv: jax.Array, leaves: list[jax.Array], backend: str, *, amax: bool
 ) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
+    """``(found_inf, amaxes, unscaled)`` for nonempty floating `leaves` and
+    float32 `inv`, under the plan for `backend`: the native pass on the
+    plan's platforms (CANN's on Ascend; `amaxes` empty unless `amax`), the
+    reference elsewhere, or a lowering-time error there for ``"ffi"``.  The
+    reference gives the native pass's vmap and jvp rules."""
     op = handlers.UNSCALE_CHECK_AMAX if amax else handlers.UNSCALE_AND_CHECK
     reference = reference_amax_pass if amax else _with_amax(reference_pass)
     partitions = cc.partitions(leaves)
@@ -354,15 +312,22 @@ def _pass(
     plan = handlers.plan(op, backend, partitions=partitions)
     if plan.mode == "reference":
         return reference(inv, leaves)
-    return native_pass(
-        inv,
-        leaves,
-        target=plan.target,
-        native_on=plan.platforms,
-        reference=reference,
-        strict=plan.mode == "strict",
-        cann_platforms=plan.cann_platforms,
-        amax=amax,
+
+    def other(
+        inv: jax.Array, leaves: list[jax.Array]
+    ) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
+        out = reference(inv, leaves)  # typed like the native branch
+        return cc.unavailable(op, out) if plan.mode == "strict" else out
+
+    # Each device runs the pass on its shards; the flag is OR-reduced (`elementwise_pass`).
+    native = cc.with_reference_rules(elementwise_pass(_calls(plan.target, amax), amax), reference)
+    overrides = {}
+    if not amax:  # the amax pass has no CANN form
+        cann_run = _with_amax(cann_fused_pass(plan.target, reference_pass))
+        cann = cc.with_reference_rules(elementwise_pass(cann_run, False), reference)
+        overrides = {p: cann for p in plan.platforms & plan.cann_platforms}
+    return cc.per_platform(  # type: ignore[no-any-return]
+        native, other, inv, leaves, native_on=plan.platforms, overrides=overrides
     )
 
 
