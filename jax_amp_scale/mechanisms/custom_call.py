@@ -1,19 +1,10 @@
-"""What every custom call of this package needs, written once.
-
-- `per_platform`: `lax.platform_dependent` over the platforms that have a
-  handler, with every branch typed alike (shard_map varying axes included);
-  the other platforms' branch is traced only where it is lowered.
-- `unavailable`: an identity that fails at lowering time, with a clear
-  message, on a platform with no handler (``backend="ffi"`` there).
-- `with_reference_rules`: vmap and jvp of a native call taken from the
-  pure-JAX reference with the same signature.
-- `vary_like`: results typed as varying wherever an input varies
-  (`jax.ffi.ffi_call` types results from shapes and dtypes only).
-- what the operators' ``custom_partitioning`` rules share (XLA cannot see
-  inside a custom call, so on its own it gathers every sharded operand
-  around one): `unwrapped` (one device, or inside `whole_arrays` for
-  ``jax.export``: plain calls), `typed_like`, `operand_sharding`,
-  `replicated_like`, `spec_axes`, `local_shapes`.
+"""What every custom call of this package needs, written once: the branch
+per lowering platform (`per_platform`), the lowering-time error where
+``backend="ffi"`` has no handler (`unavailable`), vmap and jvp taken from the
+reference (`with_reference_rules`), shard_map's varying axes (`vary_like`),
+and what the operators' ``custom_partitioning`` rules share (XLA cannot see
+inside a custom call, so on its own it gathers every sharded operand
+around one).
 """
 
 from __future__ import annotations
@@ -108,8 +99,8 @@ def unavailable(op: str, tree: Any) -> Any:
 # The other platforms' branch of `per_platform` as one equation: `fn` (the
 # pure-JAX reference, flat arguments to flat results) is traced when that
 # branch is lowered, vmapped or differentiated, not when the step is traced.
-# On CPU that branch is dead, and tracing the reference over a large tree cost
-# a third of loss_scaled's trace time (bench/RESULTS.md).
+# On CPU that branch is dead, and tracing the reference over a large tree is
+# slow (bench/RESULTS.md).
 _elsewhere_p = Primitive("jas_reference_elsewhere")
 _elsewhere_p.multiple_results = True
 _elsewhere_p.def_abstract_eval(lambda *args, fn, out_avals: out_avals)
@@ -280,19 +271,20 @@ def local_shapes() -> Any:
     return contextlib.nullcontext()
 
 
-def operand_sharding(mesh: Any, arg_shape: Any) -> Any:
-    """The sharding XLA gives an operand (None on older jax for an
-    unannotated one: replicated)."""
-    s = arg_shape.sharding
-    if s is None:
-        return NamedSharding(mesh, PartitionSpec())
-    return s
-
-
-def replicated_like(sharding: Any) -> NamedSharding:
-    """A replicated sharding over `sharding`'s devices."""
-    devices = sorted(sharding.device_set, key=lambda d: d.id)
-    return NamedSharding(Mesh(np.array(devices), ("replicas",)), PartitionSpec())
+def operand_shardings(mesh: Any, arg_shapes: Any) -> tuple[NamedSharding, list[Any], bool]:
+    """``(replicated, shardings, named)`` for a partitioning rule's operands:
+    the sharding XLA gives each (None on older jax for an unannotated one:
+    replicated) and a replicated one.  Where some operand's sharding has no
+    mesh axis names (a program without a mesh), every one is replicated over
+    the first's devices and `named` is False: raising instead would abort the
+    process inside XLA's compiler."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    own = [replicated if a.sharding is None else a.sharding for a in arg_shapes]
+    if all(isinstance(s, NamedSharding) for s in own):
+        return replicated, own, True
+    devices = sorted(own[0].device_set, key=lambda d: d.id)
+    replicated = NamedSharding(Mesh(np.array(devices), ("replicas",)), PartitionSpec())
+    return replicated, [replicated] * len(own), False
 
 
 def spec_axes(sharding: Any) -> list[Hashable]:

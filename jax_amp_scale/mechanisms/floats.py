@@ -3,20 +3,8 @@
 It mirrors ``ffi/float_formats.h``, ``ffi/torch_rule.h`` and
 ``ffi/cann_rule.h``.  Every function works in uint32/int32 arithmetic, so
 XLA:CPU's flush-to-zero of subnormals and FMA contraction cannot change a
-result:
-
-- the formats (`FORMATS`), `decode`, `encode` (the one rounding to nearest
-  even of the package's Python code), `convert`;
-- the products ``scale * factor`` of the two published kernels:
-  `torch_product` (exact, rounded to float64, then to the scale's dtype, as
-  ``torch._amp_update_scale_``) and `cann_product` (CANN's float32 kernel
-  plus the library's guard);
-- torch's inverse scale (`inverse_scale`) and the product with it
-  (`multiply_by_inverse`), exact under flush-to-zero;
-- flags and checks read from bits: `nonzero_bits` (found_inf), `is_inf`,
-  `magnitude_above_one`;
-- the dtypes: `SCALE_DTYPES`, `is_float_leaf`, `compute_dtype` (float16 and
-  bfloat16 are widened to float32, computed, narrowed once).
+result.  `encode` is the one rounding to nearest even of the package's
+Python code.
 """
 
 from __future__ import annotations

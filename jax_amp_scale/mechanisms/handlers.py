@@ -1,33 +1,14 @@
 """The native handlers: loaded on first use, registered with XLA and with
-PJRT plugins, and which backend runs an operator where.
+PJRT plugins, and which backend runs an operator where (docs/backends.md).
 
-One table for the three operators (update-scale, the gradient pass, the host
-report): XLA FFI capsules from the native modules, registered under the
-target names the modules define (ffi/targets.h).  Importing this module does
-no work and sets no JAX hook.
-
-The built-in modules (``_native_cpu`` required, ``_native_cuda`` where it was
-built) register their capsules the first time an operator asks which
-platforms have a handler.  Plugin platforms named in
-``$JAX_AMP_SCALE_PLUGIN_PLATFORMS`` (default ``ascend,npu``) are registered
-at that moment too (`register_plugin`), when JAX runs such a backend; a
-failure is kept in `LOAD_ERRORS` instead of raised.
-
-The backend choice: ``"reference"`` is the pure-JAX lowering (every
-platform); ``"ffi"`` the native custom call (a lowering-time error where the
-platform has no handler); ``"auto"`` the native call where `AUTO_NATIVE`
-prefers it and a handler is registered, the reference elsewhere, per
-lowering platform.  On Ascend the SoC CANN reports decides too
-(`cann_device`): an operator the SoC lacks is the reference under "auto"
-(one warning) and an error under "ffi".
-
-Without the compiled modules (an install whose ``_native_cpu`` does not load,
-or ``JAX_AMP_SCALE_DISABLE_NATIVE=1``) the package still imports and works:
-no platform has a native handler, so ``backend="auto"`` runs the pure-JAX
-reference everywhere (each operator gives the same bits; a whole run may
-differ in its last digits, since XLA fuses the program around the operators
-otherwise) and ``backend="ffi"`` raises an error saying why.  A module that fails to load is reported once, as a
-`RuntimeWarning` at first use, and kept in `LOAD_ERRORS`.
+One table for every operator: XLA FFI capsules from the native modules,
+registered under the target names the modules define (ffi/targets.h), the
+first time an operator asks which platforms have a handler; the plugin
+platforms of ``$JAX_AMP_SCALE_PLUGIN_PLATFORMS`` that JAX runs are
+registered then too.  Importing this module does no work and sets no JAX
+hook.  A module or plugin that fails to load is kept in `LOAD_ERRORS` (and
+a missing ``_native_cpu`` is one `RuntimeWarning`): ``"auto"`` then runs
+the reference, ``"ffi"`` raises saying why.
 """
 
 from __future__ import annotations
@@ -77,12 +58,9 @@ BACKENDS: tuple[str, ...] = ("auto", "reference", "ffi")
 # calling conventions operators/ adapts to.
 CANN_PLATFORMS = frozenset({"ascend", "npu"})
 
-# Where "auto" prefers the native handler (where one is registered), with
-# any number of devices: on CPU the native calls measured faster than the
-# reference (bench/RESULTS.md); on Ascend the native operators are CANN's
-# own, the point of the library there (never run on an NPU, not measured).
-# Not on CUDA: its handler has never run on a GPU, and nothing was measured
-# there.  docs/_facts.toml ([auto]) says the same; tests/docs checks it.
+# Where "auto" prefers the native handler (where one is registered): CPU,
+# where it is faster (bench/), and Ascend, whose operators are CANN's own;
+# not CUDA, whose handler has never run on a GPU.  docs/_facts.toml ([auto]).
 AUTO_NATIVE = {
     UPDATE_SCALE: frozenset({"cpu"}) | CANN_PLATFORMS,
     UNSCALE_AND_CHECK: frozenset({"cpu"}) | CANN_PLATFORMS,
@@ -220,13 +198,6 @@ def plugin_platforms() -> tuple[str, ...]:
     return tuple(p.strip().lower() for p in raw.split(",") if p.strip())
 
 
-def _backend_running(platform: str) -> bool:
-    try:
-        return bool(jax.devices(platform))
-    except RuntimeError:  # JAX has no such backend in this process
-        return False
-
-
 def _register_plugins() -> None:
     if _unavailable is not None:
         return
@@ -234,7 +205,10 @@ def _register_plugins() -> None:
         if platform in _plugins_tried:
             continue
         _plugins_tried.add(platform)  # JAX's backends do not change once running
-        if not _backend_running(platform):
+        try:
+            if not jax.devices(platform):
+                continue
+        except RuntimeError:  # JAX has no such backend in this process
             continue
         try:
             register_plugin(platform)
@@ -317,12 +291,8 @@ def auto_backend(platform: str | None = None, op: str = UPDATE_SCALE) -> str:
     ``"ffi"`` or ``"reference"``.
 
     Args:
-      platform: a lowering platform name (``"cpu"``, ``"cuda"`` or its older
-        name ``"gpu"``, ``"rocm"``, ``"ascend"``, ...; any case); None
-        (default): JAX's default backend.
-      op: the operator: ``"update_scale"`` (default), ``"unscale_and_check"``
-        (the gradient pass) or ``"unscale_check_amax"`` (`amax_scaler`'s
-        pass); anything else is a ValueError.
+      platform: a lowering platform name, as for `available_backends`.
+      op: the operator, as for `available_backends`.
     """
     op = _check_op(op)
     name = platform_name(platform)
@@ -331,18 +301,11 @@ def auto_backend(platform: str | None = None, op: str = UPDATE_SCALE) -> str:
     return "reference"
 
 
-def preferred(op: str, have: frozenset[str]) -> frozenset[str]:
-    """The platforms of `have` where ``"auto"`` runs `op` natively."""
-    return frozenset(p for p in have if p in AUTO_NATIVE.get(op, frozenset()))
-
-
 # ---- registration on PJRT plugin platforms --------------------------------
 #
-# A plugin's Python side may forward ``jax.ffi.register_ffi_target(...,
-# platform=name)`` to the plugin (the jax CUDA plugin does when its
-# companion package is installed); the Ascend plugin does not.  Registration
-# takes whichever route works: "jax.ffi" where that forwarding exists, else
-# the plugin library's PJRT C API FFI extension (plugin/pjrt_register.cc).
+# Through "jax.ffi" where the plugin's Python side forwards it to the plugin
+# (jax_internals.python_side_forwards), else through the plugin library's
+# PJRT C API FFI extension (plugin/pjrt_register.cc).
 
 
 class PluginRegistrationError(RuntimeError):
@@ -455,14 +418,8 @@ def register_plugin(
         with _lock:
             TARGETS.update({op: flag_targets[op] for op in FLOAT_STATUS})
         for each in (UNSCALE_AND_CHECK, *FLOAT_STATUS):
-            _register_one(
-                platform,
-                api,
-                reg_platform,
-                default_handler(platform, each),
-                targets.get(each) or flag_targets[each],
-                each,
-            )
+            name = targets.get(each) or flag_targets[each]
+            _register_one(platform, api, reg_platform, default_handler(platform, each), name, each)
     target = targets[UPDATE_SCALE] if target is None else str(target)
     op = {v: k for k, v in targets.items()}.get(target)
     capsule = handler if handler is not None else default_handler(platform)
@@ -512,15 +469,6 @@ class Plan(NamedTuple):
     cann_platforms: frozenset[str] = frozenset()
 
 
-def soc_lacks(op: str) -> str | None:
-    """The SoC name when the Ascend device CANN reports lacks `op`'s CANN
-    operator (`cann_device.lacks`), else None (CANN not loaded included)."""
-    found = cann_device.device()
-    if found is None or op not in CANN_OPERATOR:
-        return None
-    return found.soc if cann_device.lacks(CANN_OPERATOR[op], found.soc) else None
-
-
 def plan(
     op: str, backend: str, *, partitions: bool, not_auto: frozenset[str] = frozenset()
 ) -> Plan:
@@ -536,7 +484,10 @@ def plan(
         return Plan("reference", frozenset())
     have = platforms(op)
     cann = have & CANN_PLATFORMS
-    soc = soc_lacks(op) if cann else None
+    device = cann_device.device() if cann and op in CANN_OPERATOR else None
+    soc = None  # the SoC's name when it lacks the operator
+    if device is not None and cann_device.lacks(CANN_OPERATOR[op], device.soc):
+        soc = device.soc
     if backend == "ffi":
         if soc is not None:
             raise ValueError(cann_device.refusal(CANN_OPERATOR[op], soc))
@@ -545,7 +496,7 @@ def plan(
         cann_device.warn_once(soc)
         not_auto = not_auto | cann
         cann = frozenset()
-    prefer = preferred(op, have - not_auto)
+    prefer = (have - not_auto) & AUTO_NATIVE.get(op, frozenset())
     if not prefer or not partitions:
         return Plan("reference", frozenset())
     # The target is looked up only for a native plan: without the compiled

@@ -14,12 +14,11 @@ needs two facts JAX has no public API for:
    ``jax._src.lib.xla_client._custom_callback_handler``;
    `python_side_forwards` reads it.
 
-Tested with jax 0.6.x (the oldest CI job) and 0.10.2.  Without them (a JAX
-that renamed or dropped either): `loaded_plugin_c_apis` returns ``{}``, so
-`register` without ``library_path=`` raises `PluginRegistrationError` saying
-JAX has loaded no such plugin (pass the plugin's library path instead), and
-`python_side_forwards` returns False, so registration goes through the PJRT
-C API route, which works for every plugin with the FFI extension.
+Without them (a JAX that renamed or dropped either): `loaded_plugin_c_apis`
+returns ``{}``, so `register` without ``library_path=`` raises saying JAX
+has loaded no such plugin, and `python_side_forwards` returns False, so
+registration takes the PJRT C API route, which every plugin with the FFI
+extension serves.
 
 3. **Sharding groups** (`shard_alike`): each gradient and the native
    pass's result for it in one group, so that the partitioner carries
@@ -60,12 +59,8 @@ def loaded_plugin_c_apis(discover: bool = True) -> dict[str, Any]:
     if discover and run is not None:
         run()
     factories = dict(getattr(xb, "_backend_factories", {}))
-    out = {}
-    for name, factory in factories.items():
-        c_api = getattr(factory, "c_api", None)
-        if c_api is not None:
-            out[name] = c_api
-    return out
+    c_apis = {name: getattr(factory, "c_api", None) for name, factory in factories.items()}
+    return {name: c_api for name, c_api in c_apis.items() if c_api is not None}
 
 
 def python_side_forwards(registry_platform: str) -> bool:

@@ -1,30 +1,12 @@
-"""The Ascend overflow flag, for a device in saturation mode.
+"""The Ascend overflow flag, for a device in saturation mode, where the
+gradients hold no inf/NaN and the hardware's float status register records
+the overflow instead (docs/ascend.md: why, and the anchors it follows).
 
-In saturation mode (the only mode of the Atlas training and inference
-series; a choice on A2/A3) a float16 overflow stores +-65504 and NaN stores
-0, so the gradients hold no inf/NaN and a check by value never fires.  The
-hardware records the overflow in a float status register instead, and the
-anchors read it: torch_npu's GradScaler clears it in ``scale()`` and reads it
-in ``unscale_`` (torch_npu npu/amp/grad_scaler.py); MindSpore's
-TrainOneStepWithLossScaleCell clears it tied to the loss by ``depend`` and
-reads it after the gradients (mindspore nn/wrap/loss_scale.py).
-
-Here, inside the jitted step, ordered by data (XLA orders nothing else):
-
-- `clear_before_backward`: the scale that `scale_loss` multiplies by passes
-  through the clear, which takes the loss as an operand: the clear runs after
-  the forward pass and before the backward (whose seed is the scale), the
-  place of torch_npu's ``scale()`` and of MindSpore's ``depend``;
-- `or_flag`: the read takes the gradient pass's found_inf and the gradients
-  it produced as operands (so it runs after all of them, as MindSpore's
-  ``depend`` orders its read after the gradients), the flag is ORed into
-  found_inf, and the result passes through a second clear.
-
-Where no CANN platform is being lowered, or its device is in INF_NAN mode,
-both are the identity and the program has no extra call.  The clear after
-the read runs every step, not only after a positive read as in torch_npu:
-clearing an unset flag changes nothing, and a conditional would need its
-predicate on the host (XLA's conditional reads it there).
+Inside the jitted step, ordered by data (XLA orders nothing else):
+`clear_before_backward` clears it after the forward pass and before the
+backward; `or_flag` reads it after the gradient pass, ORs it into
+found_inf, and clears it again.  Where no CANN platform is being lowered,
+or its device is in INF_NAN mode, both are the identity.
 """
 
 from __future__ import annotations
@@ -34,7 +16,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_amp_scale.mechanisms import cann_device, handlers
 from jax_amp_scale.mechanisms import custom_call as cc
@@ -47,12 +28,8 @@ def saturation_platforms() -> frozenset[str]:
     """The CANN platforms with the flag's handlers whose device saturates."""
     have = handlers.platforms(handlers.FLOAT_STATUS_READ) & handlers.CANN_PLATFORMS
     have = have & handlers.platforms(handlers.FLOAT_STATUS_CLEAR)
-    if not have:
-        return frozenset()
-    found = cann_device.device()
-    if found is None or not found.saturation:
-        return frozenset()
-    return have
+    found = cann_device.device() if have else None
+    return have if found is not None and found.saturation else frozenset()
 
 
 # Neither call is marked side-effecting: their results are consumed (so XLA
@@ -82,22 +59,12 @@ def _read(*order: jax.Array) -> jax.Array:
     return jnp.any(cc.vary_like(call(*order), order) != 0)
 
 
-def _read_rule(ranks: list[int]) -> str:
-    """The Shardy rule of the read: a replicated flag, then each gradient
-    with dimensions of its own (any may stay sharded) -> a replicated flag."""
-    grads = [" ".join(f"g{k}d{d}" for d in range(r)) for k, r in enumerate(ranks)]
-    return ", ".join(["", *grads]) + " -> "
-
-
 def _read_everywhere(found: jax.Array, grads: list[jax.Array]) -> jax.Array:
     """`_read` after `found` and `grads`, ORed over every device of the mesh
-    under ``jit`` with several devices: each device reads its own register
-    (the flag is per device), and XLA, which cannot see inside the call,
-    would otherwise take the per-device answers for one replicated value
-    (replicas would diverge).  Each device takes its own shards of `grads`
-    (nothing is gathered: they only order the read).  Inside ``shard_map``
-    the call is inlined: each device's own flag, which ``axis_name`` reduces
-    with found_inf."""
+    under ``jit`` with several devices: the register is per device, and XLA,
+    which cannot see inside the call, would otherwise take the per-device
+    answers for one replicated value.  Inside ``shard_map`` the call is
+    inlined: each device's own flag, which ``axis_name`` reduces."""
     if cc.unwrapped():
         return _read(found, *grads)
 
@@ -106,13 +73,9 @@ def _read_everywhere(found: jax.Array, grads: list[jax.Array]) -> jax.Array:
         return _read(f, *gs)
 
     def shardings(mesh: Any, arg_shapes: Any) -> tuple[Any, list[Any], tuple[Any, ...]]:
-        own = [cc.operand_sharding(mesh, a) for a in arg_shapes[1:]]
-        if not all(isinstance(s, NamedSharding) for s in own):
-            # No mesh axis names to reduce over: replicated (correct, gathers);
-            # raising here would abort the process inside XLA's compiler.
-            rep = cc.replicated_like(own[0])
-            return rep, [rep] * len(own), ()
-        return NamedSharding(mesh, PartitionSpec()), own, tuple(mesh.axis_names)
+        # Without mesh axis names, no axis to reduce over: replicated (gathers).
+        rep, own, named = cc.operand_shardings(mesh, arg_shapes[1:])
+        return rep, own, tuple(mesh.axis_names) if named else ()
 
     def partition(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
         rep, own, axes = shardings(mesh, arg_shapes)
@@ -129,10 +92,13 @@ def _read_everywhere(found: jax.Array, grads: list[jax.Array]) -> jax.Array:
     def infer(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
         return shardings(mesh, arg_shapes)[0]
 
+    # The Shardy rule: a replicated flag, then each gradient with dimensions
+    # of its own (any may stay sharded) -> a replicated flag.
+    dims = [" ".join(f"g{k}d{d}" for d in range(g.ndim)) for k, g in enumerate(grads)]
     call.def_partition(
         partition=partition,
         infer_sharding_from_operands=infer,
-        sharding_rule=_read_rule([g.ndim for g in grads]),
+        sharding_rule=", ".join(["", *dims]) + " -> ",
     )
     return call(found, *grads)  # type: ignore[no-any-return]
 
@@ -145,14 +111,7 @@ def clear_before_backward(scale: jax.Array, loss: Any) -> jax.Array:
         return scale
     order = [jax.lax.stop_gradient(x) for x in jax.tree_util.tree_leaves(loss)]
     order = [x for x in order if hasattr(x, "dtype")]
-
-    def native(s: jax.Array, *xs: jax.Array) -> jax.Array:
-        return _clear(s, *xs)
-
-    def other(s: jax.Array, *xs: jax.Array) -> jax.Array:
-        return s
-
-    return cc.per_platform(native, other, scale, *order, native_on=on)  # type: ignore[no-any-return]
+    return cc.per_platform(_clear, _first, scale, *order, native_on=on)  # type: ignore[no-any-return]
 
 
 def or_flag(found: jax.Array, grads: list[jax.Array]) -> jax.Array:
@@ -166,7 +125,9 @@ def or_flag(found: jax.Array, grads: list[jax.Array]) -> jax.Array:
     def native(f: jax.Array, *gs: jax.Array) -> jax.Array:
         return _clear(jnp.logical_or(f, _read_everywhere(f, list(gs))))
 
-    def other(f: jax.Array, *gs: jax.Array) -> jax.Array:
-        return f
+    return cc.per_platform(native, _first, found, *grads, native_on=on)  # type: ignore[no-any-return]
 
-    return cc.per_platform(native, other, found, *grads, native_on=on)  # type: ignore[no-any-return]
+
+def _first(x: jax.Array, *order: jax.Array) -> jax.Array:
+    """The other platforms' branch: `x` as it is."""
+    return x

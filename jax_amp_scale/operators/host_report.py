@@ -33,12 +33,6 @@ _lock = threading.Lock()
 _reports: dict[int, Report] = {}
 
 
-def _key(fn: Report) -> int:
-    with _lock:
-        _reports[id(fn)] = fn
-    return id(fn)
-
-
 def run(key: int, values: list[list[Any]]) -> str | None:
     """Called by the native handler (ffi/host_report.cc): ``fn(*arrays)``;
     None, or ``"ExceptionType: message"`` for an exception it raised (the
@@ -54,16 +48,18 @@ def run(key: int, values: list[list[Any]]) -> str | None:
     return None
 
 
-def _report(
-    fn: Report, flag: Any, *values: Any, native_on: frozenset[str], target: str | None
-) -> jax.Array:
-    """`flag` (a bool array), after ``fn(flag, *values)`` ran on the host where
-    some element of `flag` is true.
+def host_report(fn: Report, flag: Any, *values: Any, backend: str = "auto") -> jax.Array:
+    """`flag` (bool), after ``fn(flag, *values)`` ran on the host, with flat
+    NumPy arrays, wherever some element of `flag` is true.  Use the result
+    (it keeps the report in the program).  `values` are passed as bool,
+    int32 or float32.  `backend` ``"reference"`` takes
+    ``jax.debug.callback`` on every platform.
 
-    `values` are bool, int32 or float32 arrays (other floats are passed as
-    float32).  The custom call `target` serves the lowering platforms in
-    `native_on`; ``jax.debug.callback`` the others.
-    """
+    An exception `fn` raises reaches the caller when the step's result is
+    read, as a ``jax.errors.JaxRuntimeError`` (or a ``ValueError`` from
+    JAX's C++ dispatch path) holding its type and text; a warning is issued
+    while the step runs (``jax.effects_barrier`` does not wait for it)."""
+    native_on = frozenset() if backend == "reference" else handlers.platforms(handlers.HOST_REPORT)
     flag = jnp.asarray(flag, jnp.bool_)
     values = tuple(_as_value(v) for v in values)
 
@@ -77,9 +73,11 @@ def _report(
         jax.lax.cond(jnp.any(flag), lambda: jax.debug.callback(host, flag, *values), lambda: None)
         return flag
 
-    if not native_on or target is None:
+    if not native_on:
         return by_callback(flag, *values)
-    key = _key(fn)
+    target = handlers.target(handlers.HOST_REPORT)
+    with _lock:
+        _reports[id(fn)] = fn
 
     def by_custom_call(flag: jax.Array, *values: jax.Array) -> jax.Array:
         call = jax.ffi.ffi_call(
@@ -88,7 +86,7 @@ def _report(
             has_side_effect=False,  # a JAX effect would bring back the slow path
             vmap_method="broadcast_all",
         )
-        return call(flag, *values, report=np.int64(key))  # type: ignore[no-any-return]
+        return call(flag, *values, report=np.int64(id(fn)))  # type: ignore[no-any-return]
 
     return cc.per_platform(by_custom_call, by_callback, flag, *values, native_on=native_on)  # type: ignore[no-any-return]
 
@@ -100,21 +98,3 @@ def _as_value(x: Any) -> jax.Array:
     if jnp.issubdtype(x.dtype, jnp.integer):
         return x.astype(jnp.int32)
     return x.astype(jnp.float32)
-
-
-def host_report(fn: Report, flag: Any, *values: Any, backend: str = "auto") -> jax.Array:
-    """`flag` (bool), after ``fn(flag, *values)`` ran on the host, with flat
-    NumPy arrays, wherever some element of `flag` is true.  Use the result
-    (it keeps the report in the program).  `backend` ``"reference"`` takes
-    ``jax.debug.callback`` on every platform.
-
-    An exception `fn` raises reaches the caller when the step's result is
-    read, as a ``jax.errors.JaxRuntimeError`` (or a ``ValueError`` from
-    JAX's C++ dispatch path) holding its type and text; a warning is issued
-    while the step runs (``jax.effects_barrier`` does not wait for it)."""
-    if backend == "reference":
-        native_on: frozenset[str] = frozenset()
-    else:
-        native_on = handlers.platforms(handlers.HOST_REPORT)
-    target = handlers.target(handlers.HOST_REPORT) if native_on else None
-    return _report(fn, flag, *values, native_on=native_on, target=target)

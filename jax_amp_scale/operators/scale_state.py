@@ -126,8 +126,7 @@ def check_scale(x: Any, name: str) -> jax.Array:
             f"{name} must be a float32/float16/bfloat16 array of shape () or (1,), "
             f"got {type(x).__name__}"
         )
-    if jnp.dtype(dtype) not in floats.SCALE_DTYPES:
-        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {jnp.dtype(dtype).name}")
+    check_dtype(dtype, name)
     if tuple(x.shape) not in SHAPES:
         raise ValueError(f"{name} must have shape () or (1,), got {tuple(x.shape)}")
     return jnp.asarray(x)
@@ -216,13 +215,10 @@ class ScaleState:
       backoff_factor: multiplier applied on a step with non-finite gradients.
       growth_interval: finite steps between growths, in [1, 2**31 - 1].
       rule: ``"torch"`` (default) or ``"cann"``: whose arithmetic
-        ``scale * factor`` follows.  ``"torch"``: the exact product rounded
-        to float64, then to the scale's dtype (``torch._amp_update_scale_``).
-        ``"cann"``: factors rounded to float32, the scale widened to float32,
-        a float32 product, growth refused when it is not finite or when the
-        value stored in the scale's dtype is infinite (CANN's
-        ``aclnnAmpUpdateScale`` plus that guard).  Both give the same bits
-        for power-of-two factors (the defaults 2.0 and 0.5).
+        ``scale * factor`` follows: ``torch._amp_update_scale_``'s float64
+        product, or ``aclnnAmpUpdateScale``'s float32 one plus a guard
+        against an infinite stored scale (docs/operator.md).  Both give the
+        same bits for power-of-two factors (the defaults 2.0 and 0.5).
 
     The rule, per step (``found_inf`` nonzero or NaN means overflow)::
 

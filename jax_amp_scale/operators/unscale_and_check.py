@@ -1,16 +1,11 @@
 """The gradient pass: unscale the gradients and check them for inf/NaN in one pass.
 
-Everything of the operator lives here, in this order:
-
-- its pure-JAX reference (`reference_pass`): each leaf times torch's
-  inverse scale (`floats.multiply_by_inverse`, exact at every scale),
-  checked after unscaling;
-- its native call (``jas_unscale_and_check_v1``: ffi/unscale_and_check.cc,
-  the pass in ffi/unscale_and_check.h; on Ascend CANN's
-  ``aclnnForeachNonFiniteCheckAndUnscale``, ffi/ascend.cc), partitioned per
-  shard with the flag OR-reduced by one scalar all-reduce;
-- the choice between them and the operator over a pytree
-  (`unscale_and_check`, `all_finite`).
+Its pure-JAX reference (`reference_pass`: each leaf times torch's inverse
+scale, checked after unscaling), its native call
+(``jas_unscale_and_check_v1``, ffi/unscale_and_check.h; on Ascend CANN's
+``aclnnForeachNonFiniteCheckAndUnscale``), partitioned per shard with the
+flag OR-reduced by one scalar all-reduce, and the operator over a pytree
+(`unscale_and_check`) that chooses between them.
 
 The native pass reads the float32 inverse scale and up to
 `LEAVES_PER_CALL` floating leaves, and writes the unscaled leaves in place
@@ -22,13 +17,13 @@ equal the reference's bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+import functools
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_amp_scale.mechanisms import custom_call as cc
 from jax_amp_scale.mechanisms import floats, handlers, jax_internals
@@ -59,10 +54,8 @@ def unscale_leaf(x: Any, inv: jax.Array | None) -> Any:
 
 def leaf_finite(x: Any) -> jax.Array:
     """True (bool scalar) when every value of `x` is finite."""
-    # min over a uint8 mask, not all() over a bool one: same answer, but
-    # XLA:CPU reduces uint8 with its vectorized (YNNPACK) reduction while it
-    # rewrites a pred reduction into slower reduce-window passes (measured:
-    # about 1.6x less time for unscale_and_check on CPU).
+    # min over a uint8 mask, not all() over a bool one: XLA:CPU vectorizes
+    # the uint8 reduction and rewrites a pred one into slower passes.
     if x.size == 0:
         return jnp.array(True)
     return jnp.min(jnp.isfinite(x).astype(jnp.uint8)) == 1
@@ -70,15 +63,10 @@ def leaf_finite(x: Any) -> jax.Array:
 
 def reference_pass(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
     """``(found_inf, unscaled_leaves)`` for floating `leaves` and float32 `inv`."""
-    # Each leaf's check is a reduction over the very expression that produces
-    # its unscaled value: the shape a multi-output fusion (XLA:GPU) turns into
-    # one pass.  XLA:CPU never fuses a reduction with its producer: there each
-    # leaf costs one kernel writing the unscaled leaf and one writing a 1-byte
-    # finiteness mask (then a vectorized reduction); tests/training/scaling/test_scaling.py
-    # pins that structure.
+    # Each leaf's check reduces the very expression that produces its
+    # unscaled value: the shape a multi-output fusion (XLA:GPU) makes one pass.
     outs = [unscale_leaf(x, inv) for x in leaves]
-    finite = jnp.all(jnp.stack([leaf_finite(u) for u in outs]))
-    return jnp.logical_not(finite), outs
+    return jnp.logical_not(all_finite(outs)), outs
 
 
 def reference_amax_pass(
@@ -101,12 +89,9 @@ def _with_amax(run: Pass) -> AmaxPass:
 
 # ---- the native call -----------------------------------------------------------
 
-# Leaves per custom call.  XLA's compile time grows with the cube of the
-# number of input/output aliases on one instruction (one call over 2,000
-# aliased leaves: 30 s; 4,000: 209 s), so a large tree is split into calls of
-# at most this many leaves: 10,000 leaves then compile in about the time of a
-# plain copy of the same tree.  Measured on XLA:CPU (jax 0.10); 64 was the
-# fastest of 32, 64, 128 and 256 at 4,000 leaves.
+# Leaves per custom call: XLA's compile time grows with the cube of the
+# number of input/output aliases on one instruction, so a large tree is
+# split into calls of at most this many leaves (bench/ measured 64 fastest).
 LEAVES_PER_CALL = 64
 
 
@@ -150,12 +135,6 @@ def _calls(target: str, amax: bool) -> AmaxPass:
     return run
 
 
-# aclnnForeachNonFiniteCheckAndUnscale takes the scale dtypes (hicann/ops-nn
-# foreach/foreach_non_finite_check_and_unscale/op_host/
-# foreach_non_finite_check_and_unscale_def.cpp).
-_CANN_DTYPES = floats.SCALE_DTYPES
-
-
 def cann_one_call(
     target: str, inv: jax.Array, leaves: list[jax.Array]
 ) -> tuple[jax.Array, list[jax.Array]]:
@@ -163,11 +142,9 @@ def cann_one_call(
 
     `inv` goes to the operator's float32 ``invScale`` as is: torch_npu's
     ``float32(1 / float64(scale))`` bit for bit (`floats.inverse_scale`),
-    a float32 subnormal above 2**126.  What is exact: the operator receives
-    the operand torch_npu's GradScaler passes it, so the NPU computes what it
-    computes for torch_npu.  Whether the device's float32 multiply honours a
-    subnormal operand is the kernel's arithmetic, not visible in its source.
-    The CANN test double multiplies in IEEE's default mode.
+    a float32 subnormal above 2**126: the operator receives the operand
+    torch_npu's GradScaler passes it, so the NPU computes what it computes
+    for torch_npu.
 
     found starts as a float32 zero the result aliases: the kernel only ever
     sets it to 1.0, and the handler's launches (256 leaves each) OR into it.
@@ -187,15 +164,16 @@ def cann_fused_pass(target: str, reference: Pass) -> Pass:
     def run(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
         outs: list[jax.Array | None] = [None] * len(leaves)
         flags: list[jax.Array] = []
+        takes = floats.SCALE_DTYPES  # the operator's gradient dtypes
         outside = [
-            k for k, x in enumerate(leaves) if x.size == 0 or jnp.dtype(x.dtype) not in _CANN_DTYPES
+            k for k, x in enumerate(leaves) if x.size == 0 or jnp.dtype(x.dtype) not in takes
         ]
         if outside:
             found, done = reference(inv, [leaves[k] for k in outside])
             flags.append(found)
             for k, y in zip(outside, done, strict=True):
                 outs[k] = y
-        for dtype in _CANN_DTYPES:
+        for dtype in takes:
             idx = [k for k, x in enumerate(leaves) if outs[k] is None and x.dtype == dtype]
             for start in range(0, len(idx), LEAVES_PER_CALL):
                 part = idx[start : start + LEAVES_PER_CALL]
@@ -218,9 +196,7 @@ def cann_fused_pass(target: str, reference: Pass) -> Pass:
                     natives,
                 )
             )
-        found = flags[0]
-        for f in flags[1:]:
-            found = jnp.logical_or(found, f)
+        found = functools.reduce(jnp.logical_or, flags)
         return cc.vary_like((found, outs), inv, leaves)  # type: ignore[no-any-return]
 
     return run
@@ -243,15 +219,11 @@ def _partitioned(run: AmaxPass, ranks: tuple[int, ...], n_amax: int) -> Any:
         return (found, *amaxes, *typed)
 
     def shardings(mesh: Any, arg_shapes: Any) -> tuple[Any, list[Any], list[Hashable]]:
-        leaf_shardings = [cc.operand_sharding(mesh, a) for a in arg_shapes[1:]]
-        if not all(isinstance(s, NamedSharding) for s in leaf_shardings):
-            # Shardings without mesh axis names (a program without a mesh):
-            # no axis to reduce the flag over, so every operand replicated
-            # (correct, but gathers).  An exception here would abort the
-            # process (XLA calls this while compiling), so none is raised.
-            rep = cc.replicated_like(leaf_shardings[0])
-            return rep, [rep] * len(leaf_shardings), []
-        rep = NamedSharding(mesh, PartitionSpec())
+        # Without mesh axis names there is no axis to reduce the flag over:
+        # every operand replicated (correct, but gathers).
+        rep, leaf_shardings, named = cc.operand_shardings(mesh, arg_shapes[1:])
+        if not named:
+            return rep, leaf_shardings, []
         axes = sorted({a for s in leaf_shardings for a in cc.spec_axes(s)}, key=str)
         return rep, leaf_shardings, axes
 
@@ -301,76 +273,12 @@ def elementwise_pass(run: AmaxPass, amax: bool) -> AmaxPass:
             return found, amaxes, [cc.typed_like(y, x) for y, x in zip(outs, leaves, strict=True)]
         n_amax = len(leaves) if amax else 0
         found, *rest = _partitioned(run, tuple(x.ndim for x in leaves), n_amax)(inv, *leaves)
-        return found, list(rest[:n_amax]), _sharded_alike(leaves, list(rest[n_amax:]))
+        # Each result in one sharding group with its operand: the partitioner
+        # carries shardings through the call as through an elementwise unscale.
+        _, outs = jax_internals.shard_alike(leaves, list(rest[n_amax:]))
+        return found, list(rest[:n_amax]), list(outs)
 
     return partitioned
-
-
-def _sharded_alike(leaves: list[jax.Array], outs: list[jax.Array]) -> list[jax.Array]:
-    """`outs`, each in one sharding group with its operand in `leaves`, so
-    the partitioner carries shardings through the call as through the plain
-    step's elementwise unscale (ARCHITECTURE.md; tests/multidevice/
-    test_step_collectives.py).  On jax >= 0.11, which removed `shard_alike`,
-    `jax_internals.shard_alike` builds the same groups.
-    """
-    _, outs = jax_internals.shard_alike(leaves, outs)
-    return list(outs)
-
-
-def _plain(run: AmaxPass) -> Pass:
-    def without(inv: jax.Array, leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
-        found, _, outs = run(inv, leaves)
-        return found, outs
-
-    return without
-
-
-def native_pass(
-    inv: jax.Array,
-    leaves: list[jax.Array],
-    *,
-    target: str,
-    native_on: Iterable[str],
-    reference: AmaxPass,
-    strict: bool,
-    cann_platforms: Iterable[str] = (),
-    amax: bool,
-) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
-    """``(found_inf, amaxes, unscaled_leaves)`` through the native pass on
-    `native_on` (`amaxes` empty unless `amax`: then `target` is the amax
-    pass, which has no CANN form).
-
-    Args:
-      inv: float32 scalar, ``1 / scale``.
-      leaves: floating arrays (float16, bfloat16, float32, float64), nonempty.
-      target: the FFI target name.
-      native_on: lowering platforms that run the native pass.
-      reference: the pure pass with the same signature and results; it gives
-        the vmap and jvp rules, and runs on the other platforms.
-      strict: on the other platforms fail at lowering (``backend="ffi"``)
-        rather than run `reference` (``"auto"``).
-      cann_platforms: platforms of `native_on` whose handler is CANN's
-        ``aclnnForeachNonFiniteCheckAndUnscale`` (its calling convention).
-    """
-
-    def other(
-        inv: jax.Array, leaves: list[jax.Array]
-    ) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
-        out = reference(inv, leaves)  # typed like the native branch
-        op = handlers.UNSCALE_CHECK_AMAX if amax else handlers.UNSCALE_AND_CHECK
-        return cc.unavailable(op, out) if strict else out
-
-    # Each device runs the pass on its shards; the flag is OR-reduced (`elementwise_pass`).
-    native = cc.with_reference_rules(elementwise_pass(_calls(target, amax), amax), reference)
-    overrides = {}
-    if not amax:
-        plain = _plain(reference)
-        cann_run = _with_amax(cann_fused_pass(target, plain))
-        cann = cc.with_reference_rules(elementwise_pass(cann_run, False), reference)
-        overrides = {p: cann for p in native_on if p in frozenset(cann_platforms)}
-    return cc.per_platform(  # type: ignore[no-any-return]
-        native, other, inv, leaves, native_on=native_on, overrides=overrides
-    )
 
 
 # ---- the choice, and the operator -------------------------------------------
@@ -387,6 +295,11 @@ def unscale_and_check_leaves(
 def _pass(
     inv: jax.Array, leaves: list[jax.Array], backend: str, *, amax: bool
 ) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
+    """``(found_inf, amaxes, unscaled)`` for nonempty floating `leaves` and
+    float32 `inv`, under the plan for `backend`: the native pass on the
+    plan's platforms (CANN's on Ascend; `amaxes` empty unless `amax`), the
+    reference elsewhere, or a lowering-time error there for ``"ffi"``.  The
+    reference gives the native pass's vmap and jvp rules."""
     op = handlers.UNSCALE_CHECK_AMAX if amax else handlers.UNSCALE_AND_CHECK
     reference = reference_amax_pass if amax else _with_amax(reference_pass)
     partitions = cc.partitions(leaves)
@@ -399,15 +312,22 @@ def _pass(
     plan = handlers.plan(op, backend, partitions=partitions)
     if plan.mode == "reference":
         return reference(inv, leaves)
-    return native_pass(
-        inv,
-        leaves,
-        target=plan.target,
-        native_on=plan.platforms,
-        reference=reference,
-        strict=plan.mode == "strict",
-        cann_platforms=plan.cann_platforms,
-        amax=amax,
+
+    def other(
+        inv: jax.Array, leaves: list[jax.Array]
+    ) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
+        out = reference(inv, leaves)  # typed like the native branch
+        return cc.unavailable(op, out) if plan.mode == "strict" else out
+
+    # Each device runs the pass on its shards; the flag is OR-reduced (`elementwise_pass`).
+    native = cc.with_reference_rules(elementwise_pass(_calls(plan.target, amax), amax), reference)
+    overrides = {}
+    if not amax:  # the amax pass has no CANN form
+        cann_run = _with_amax(cann_fused_pass(plan.target, reference_pass))
+        cann = cc.with_reference_rules(elementwise_pass(cann_run, False), reference)
+        overrides = {p: cann for p in plan.platforms & plan.cann_platforms}
+    return cc.per_platform(  # type: ignore[no-any-return]
+        native, other, inv, leaves, native_on=plan.platforms, overrides=overrides
     )
 
 
@@ -431,20 +351,8 @@ def unscale_and_check(
     ``float32(1 / scale)`` (`scale`: a float array of shape (); None for an
     identity scale, which only checks), and whether any unscaled value is
     inf or NaN.  Non-floating leaves pass; `backend` is checked."""
-    checked = handlers.check_backend(backend)
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    floating = [i for i, x in enumerate(leaves) if floats.is_float_leaf(x)]
-    if not floating:
-        return tree, jnp.array(False)
-    if scale is None:  # identity scale: nothing to multiply, only the check
-        found = jnp.logical_not(all_finite(tree))
-        return tree, float_status.or_flag(found, [leaves[i] for i in floating])
-    inv = floats.inverse_scale(scale)
-    found, outs = unscale_and_check_leaves(inv, [leaves[i] for i in floating], checked)
-    for i, u in zip(floating, outs, strict=True):
-        leaves[i] = u
-    # In saturation mode on Ascend, the hardware's flag too (float_status.py).
-    return jax.tree_util.tree_unflatten(treedef, leaves), float_status.or_flag(found, outs)
+    unscaled, found, _ = _unscale_tree(tree, scale, backend, amax=False)
+    return unscaled, found
 
 
 def unscale_check_amax(
@@ -461,19 +369,26 @@ def unscale_check_amax(
     (``jas_unscale_check_amax_v1``) reads each gradient once for all three;
     elsewhere (Ascend included) the reference, which XLA:GPU fuses.
     """
+    return _unscale_tree(tree, scale, backend, amax=True)  # type: ignore[return-value]
+
+
+def _unscale_tree(
+    tree: PyTree, scale: jax.Array | None, backend: str, *, amax: bool
+) -> tuple[PyTree, jax.Array, jax.Array | None]:
+    """`unscale_check_amax`'s results, ``leaf_amax`` None unless `amax`."""
     checked = handlers.check_backend(backend)
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     floating = [i for i, x in enumerate(leaves) if floats.is_float_leaf(x)]
     if not floating:
-        return tree, jnp.array(False), jnp.zeros((0,), jnp.float32)
+        return tree, jnp.array(False), jnp.zeros((0,), jnp.float32) if amax else None
     picked = [leaves[i] for i in floating]
-    if scale is None:  # identity scale: nothing to multiply
-        amax = jnp.stack([floats.finite_amax(x) for x in picked])
-        return tree, float_status.or_flag(jnp.logical_not(all_finite(tree)), picked), amax
-    inv = floats.inverse_scale(scale)
-    found, amaxes, outs = _pass(inv, picked, checked, amax=True)
-    found = float_status.or_flag(found, outs)
+    if scale is None:  # identity scale: nothing to multiply, only the check
+        found = float_status.or_flag(jnp.logical_not(all_finite(tree)), picked)
+        return tree, found, jnp.stack([floats.finite_amax(x) for x in picked]) if amax else None
+    found, amaxes, outs = _pass(floats.inverse_scale(scale), picked, checked, amax=amax)
     for i, u in zip(floating, outs, strict=True):
         leaves[i] = u
-    amax = jax.lax.stop_gradient(jnp.stack(amaxes))
-    return jax.tree_util.tree_unflatten(treedef, leaves), found, amax
+    # In saturation mode on Ascend, the hardware's flag too (float_status.py).
+    found = float_status.or_flag(found, outs)
+    leaf_amax = jax.lax.stop_gradient(jnp.stack(amaxes)) if amax else None
+    return jax.tree_util.tree_unflatten(treedef, leaves), found, leaf_amax

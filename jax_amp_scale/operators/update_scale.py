@@ -1,29 +1,22 @@
 """The update-scale operator: one dynamic loss-scale step, ``ScaleState -> ScaleState``.
 
-Everything of the operator lives here, in this order:
-
-- its state and argument checks come from `scale_state`;
-- its pure-JAX reference (`update_scale_reference`), exact on every
-  platform: the products come from `floats` in integer arithmetic;
-- its native call (``jas_update_scale_v2``: ffi/update_scale_cpu.cc,
-  ffi/update_scale_cuda.cu, ffi/ascend.cc; the rule in ffi/update_scale.h),
-  partitioned per element, and the guard after CANN's kernel;
-- the choice between them (`plan`) and the public functions
-  (`update_scale`, `amp_update_scale`).
+Its pure-JAX reference (`update_scale_reference`, exact on every platform),
+its native call (``jas_update_scale_v2``; the rule in ffi/update_scale.h),
+partitioned per element, with the guard after CANN's kernel, and the public
+functions (`update_scale`, `amp_update_scale`) that choose between them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding
 
 from jax_amp_scale.mechanisms import custom_call as cc
 from jax_amp_scale.mechanisms import floats, handlers
@@ -86,9 +79,6 @@ def update_scale_reference(
 
 # ---- the native call -----------------------------------------------------------
 
-# One update of (scale, tracker, found): the reference bound to a state's attributes.
-UpdateFn = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
-
 # The operator's attributes and the types its handlers decode them as.
 ATTRIBUTES = {
     "growth_factor": np.float64,
@@ -118,11 +108,9 @@ def call_native(
         )
         return tuple(ffi(s, t, f, **attrs))
 
-    # Each device updates the states it holds (`per_element`).
+    # Each device updates the states it holds (`per_element`); the state
+    # varies over shard_map's axes wherever an input does.
     new_scale, new_tracker = per_element(call)(scale, tracker, found_inf)
-    # ffi_call types its results from the ShapeDtypeStructs above, which say
-    # nothing of shard_map's varying axes; the state varies wherever an input
-    # does, and shard_map's replication check relies on knowing that.
     return cc.vary_like((new_scale, new_tracker), scale, tracker, found)
 
 
@@ -145,26 +133,21 @@ def refuse_infinite_growth(
     return jnp.where(grew_to_inf, old_scale, new_scale)
 
 
-def _elementwise_rule(ndim: int, n_in: int, n_out: int) -> str:
-    value = " ".join(f"d{d}" for d in range(ndim))
-    return ", ".join([value] * n_in) + " -> " + ", ".join([value] * n_out)
-
-
 def _per_element_partitioned(fn: Callable[..., Any], *args: jax.Array) -> Any:
     shape = args[0].shape
     if cc.unwrapped() or any(a.shape != shape for a in args):
         return tuple(cc.typed_like(y, args[0]) for y in fn(*args))
     n_out = len(jax.eval_shape(fn, *args))
+    dims = " ".join(f"d{d}" for d in range(len(shape)))
+    shardy_rule = ", ".join([dims] * len(args)) + " -> " + ", ".join([dims] * n_out)
 
     @custom_partitioning
     def call(*xs: jax.Array) -> tuple[jax.Array, ...]:
         return tuple(cc.typed_like(y, xs[0]) for y in fn(*xs))
 
     def sharding(mesh: Any, arg_shapes: Any) -> Any:
-        s = cc.operand_sharding(mesh, arg_shapes[0])
-        # Unnamed (no mesh) and sharded: replicate rather than raise, which
-        # would abort the process inside XLA's compiler.
-        return s if isinstance(s, NamedSharding) else cc.replicated_like(s)
+        _, (first,), _ = cc.operand_shardings(mesh, arg_shapes[:1])
+        return first
 
     def partition(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
         s = sharding(mesh, arg_shapes)
@@ -176,7 +159,7 @@ def _per_element_partitioned(fn: Callable[..., Any], *args: jax.Array) -> Any:
     call.def_partition(
         partition=partition,
         infer_sharding_from_operands=infer,
-        sharding_rule=_elementwise_rule(len(shape), len(args), n_out),
+        sharding_rule=shardy_rule,
     )
     return call(*args)
 
@@ -200,41 +183,6 @@ def per_element(fn: Callable[..., Any]) -> Callable[..., Any]:
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
     return call  # type: ignore[no-any-return]
-
-
-def update_scale_native(
-    scale: jax.Array,
-    tracker: jax.Array,
-    found: jax.Array,
-    *,
-    target: str,
-    native_on: Iterable[str],
-    fallback: UpdateFn | None,
-    guarded: Iterable[str] = (),
-    **attrs: float | str,
-) -> tuple[jax.Array, jax.Array]:
-    """The custom call on platforms in `native_on`; elsewhere `fallback`
-    (bound to the same attributes) or, when it is None, a lowering-time error.
-    On platforms in `guarded` (Ascend: the operator is CANN's kernel) the
-    result passes through `refuse_infinite_growth`."""
-
-    def native(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return call_native(target, s, t, f, **attrs)  # type: ignore[arg-type]
-
-    def native_guarded(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
-        new_s, new_t = native(s, t, f)
-        return refuse_infinite_growth(s, f, new_s), new_t
-
-    def other(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
-        if fallback is not None:
-            return fallback(s, t, f)
-        return cc.unavailable(handlers.UPDATE_SCALE, (s, t))  # type: ignore[no-any-return]
-
-    guarded = frozenset(guarded)
-    overrides = {p: native_guarded for p in native_on if p in guarded}
-    return cc.per_platform(  # type: ignore[no-any-return]
-        native, other, scale, tracker, found, native_on=native_on, overrides=overrides
-    )
 
 
 # ---- the choice, and the operator -------------------------------------------
@@ -278,10 +226,8 @@ def amp_update_scale(
       growth_interval: Python int in [1, 2**31 - 1] (static).
       backend: ``"reference"`` (pure JAX, every platform), ``"ffi"`` (the
         native custom call; lowering fails clearly on a platform without a
-        handler) or ``"auto"`` (per lowering platform: the native handler
-        on the CPU, where it measured faster in ``bench/``, and on Ascend,
-        CANN's own operators; the reference on CUDA, whose handler has never
-        run on a GPU, and elsewhere: `auto_backend` answers).
+        handler) or ``"auto"`` (per lowering platform: the native handler on
+        CPU and Ascend, the reference elsewhere; `auto_backend` answers).
       axis_name: optional mapped axis name, or tuple of names, of
         ``shard_map``/``pmap``/``vmap``; found_inf is OR-reduced across it so
         every replica takes one decision.
@@ -327,18 +273,24 @@ def update_scale_checked(
     if plan.mode == "reference":
         return update_scale_reference(scale, tracker, found, **attrs)
 
-    def reference(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return update_scale_reference(s, t, f, **attrs)
+    # The custom call on the plan's platforms; elsewhere the reference, or a
+    # lowering-time error for backend="ffi".
+    def native(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return call_native(plan.target, s, t, f, **attrs)
 
-    return update_scale_native(
-        scale,
-        tracker,
-        found,
-        target=plan.target,
-        native_on=plan.platforms,
-        fallback=reference if plan.mode == "native" else None,
-        guarded=plan.cann_platforms,
-        **attrs,
+    def native_guarded(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
+        # Ascend: the operator is CANN's kernel, whose growth may store inf.
+        new_s, new_t = native(s, t, f)
+        return refuse_infinite_growth(s, f, new_s), new_t
+
+    def other(s: jax.Array, t: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
+        if plan.mode == "native":
+            return update_scale_reference(s, t, f, **attrs)
+        return cc.unavailable(handlers.UPDATE_SCALE, (s, t))  # type: ignore[no-any-return]
+
+    overrides = {p: native_guarded for p in plan.platforms if p in plan.cann_platforms}
+    return cc.per_platform(  # type: ignore[no-any-return]
+        native, other, scale, tracker, found, native_on=plan.platforms, overrides=overrides
     )
 
 
