@@ -134,11 +134,8 @@ def register_in_api(
         from ``jax_amp_scale._native_plugin.api_from_library``).
       platform: the JAX platform name of the plugin (``"ascend"``,
         ``"cuda"``, ...; any case).
-      registry_platform: the platform name inside the plugin's FFI registry
-        (default: ``"CUDA"`` for cuda or gpu, ``"ROCM"`` for rocm, else
-        `platform` lowercased).
-      handler: an XLA FFI handler capsule (default: the CUDA handler for
-        cuda or gpu, else the Ascend one).
+      registry_platform: as in `register`.
+      handler: as in `register`.
       target: as in `register`.
 
     Returns:

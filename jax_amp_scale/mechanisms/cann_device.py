@@ -3,8 +3,7 @@ which of CANN's operators it has.
 
 The native module learns both at load (``aclrtGetSocName``,
 ``aclrtGetDeviceSatMode``: ffi/ascend_loader.cc); the dispatch reads them
-here at trace time.  Facts and sources: /work/shared/spec's
-ascend-saturation.md, sections 2 and 5.
+here at trace time (docs/ascend.md).
 
 SoC names are matched exactly, never by prefix: ``"Ascend910B"`` (no digit)
 is a first-generation 910 (Atlas training series), while ``"Ascend910B1"``
@@ -29,27 +28,9 @@ PRODUCT_LINES: dict[str, frozenset[str]] = {
     "Atlas training series (910)": frozenset(
         {"Ascend910A", "Ascend910B", "Ascend910ProA", "Ascend910ProB", "Ascend910PremiumA"}
     ),
-    "Atlas A2": frozenset(
-        {
-            "Ascend910B1",
-            "Ascend910B2",
-            "Ascend910B2C",
-            "Ascend910B3",
-            "Ascend910B4",
-            "Ascend910B4-1",
-        }
-    ),
+    "Atlas A2": frozenset("Ascend910B" + n for n in ("1", "2", "2C", "3", "4", "4-1")),
     "Atlas A3": frozenset(
-        {
-            "Ascend910_9391",
-            "Ascend910_9392",
-            "Ascend910_9381",
-            "Ascend910_9382",
-            "Ascend910_9372",
-            "Ascend910_9362",
-            "Ascend910_9361",
-            "Ascend910_9363",
-        }
+        "Ascend910_" + n for n in ("9391", "9392", "9381", "9382", "9372", "9362", "9361", "9363")
     ),
     "Atlas inference series (310P)": frozenset(
         {"Ascend310P1", "Ascend310P2", "Ascend310P3", "Ascend310P4", "Ascend310P5", "Ascend310P7"}

@@ -1,14 +1,12 @@
 """The native handlers: loaded on first use, registered with XLA and with
 PJRT plugins, and which backend runs an operator where (docs/backends.md).
 
-One table for every operator: XLA FFI capsules from the native modules,
-registered under the target names the modules define (ffi/targets.h), the
-first time an operator asks which platforms have a handler; the plugin
-platforms of ``$JAX_AMP_SCALE_PLUGIN_PLATFORMS`` that JAX runs are
-registered then too.  Importing this module does no work and sets no JAX
-hook.  A module or plugin that fails to load is kept in `LOAD_ERRORS` (and
-a missing ``_native_cpu`` is one `RuntimeWarning`): ``"auto"`` then runs
-the reference, ``"ffi"`` raises saying why.
+The table (capsules under the target names of ffi/targets.h) is filled the
+first time an operator asks which platforms have a handler, with the plugin
+platforms of ``$JAX_AMP_SCALE_PLUGIN_PLATFORMS`` that JAX runs; importing
+this module does no work.  A module or plugin that fails to load is kept in
+`LOAD_ERRORS` (a missing ``_native_cpu`` is one `RuntimeWarning`):
+``"auto"`` then runs the reference, ``"ffi"`` raises saying why.
 """
 
 from __future__ import annotations
@@ -67,16 +65,6 @@ AUTO_NATIVE = {
     UNSCALE_CHECK_AMAX: frozenset({"cpu"}),
 }
 
-# The native module attribute holding each operator's FFI target name.
-_TARGET_ATTRIBUTE = {
-    UPDATE_SCALE: "UPDATE_SCALE_TARGET",
-    UNSCALE_AND_CHECK: "UNSCALE_AND_CHECK_TARGET",
-    UNSCALE_CHECK_AMAX: "UNSCALE_CHECK_AMAX_TARGET",
-    HOST_REPORT: "HOST_REPORT_TARGET",
-    FLOAT_STATUS_CLEAR: "FLOAT_STATUS_CLEAR_TARGET",
-    FLOAT_STATUS_READ: "FLOAT_STATUS_READ_TARGET",
-}
-
 # One lock for the table and the loading (which writes the table).
 _lock = threading.RLock()
 _handlers: dict[str, set[str]] = {op: set() for op in (*OPERATORS, HOST_REPORT, *FLOAT_STATUS)}
@@ -89,9 +77,9 @@ TARGETS: dict[str, str] = {}
 def module_targets(mod: Any) -> dict[str, str]:
     """``{operator: FFI target name}`` as native module `mod` defines them
     (the host report's included)."""
-    return {
-        op: str(getattr(mod, attr)) for op, attr in _TARGET_ATTRIBUTE.items() if hasattr(mod, attr)
-    }
+    # Each module names an operator's target in the attribute OPERATOR_TARGET.
+    names = {op: f"{op.upper()}_TARGET" for op in _handlers}
+    return {op: str(getattr(mod, a)) for op, a in names.items() if hasattr(mod, a)}
 
 
 def register_capsule(op: str, platform: str, capsule: Any) -> None:
