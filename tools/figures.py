@@ -36,26 +36,48 @@ from figures_data import BENCH, ROOT, entries, load, median_text, ratio_text, re
 from tabulate import tabulate
 
 Figs = dict[str, str]
-PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "bench" / "RESULTS.md",
-         *sorted((ROOT / "docs").rglob("*.md")), ROOT / "examples/README.md"]  # fmt: skip
+PAGES = [
+    ROOT / "README.md",
+    ROOT / "CHANGELOG.md",
+    ROOT / "bench" / "RESULTS.md",
+    *sorted((ROOT / "docs").rglob("*.md")),
+    ROOT / "examples/README.md",
+]
 BLOCK = re.compile(r"(<!-- figures: ([\w.-]+) -->\n)(.*?)(<!-- /figures -->)", re.S)
 SRC = "results/bench.json"
-STEP_ROWS = {"auto": "ours loss_scaled[auto]", "reference": "ours loss_scaled[reference]",
-             "ffi": "ours loss_scaled[ffi]", "handwritten": "hand-written exact skip",
-             "no_reports": "ours, no host reports", "amax": "ours amax_scaler",
-             "jmp": "jmp DynamicLossScale", "flax": "flax DynamicScale",
-             "optax": "optax apply_if_finite"}  # fmt: skip
+STEP_ROWS = {
+    "auto": "ours loss_scaled[auto]",
+    "reference": "ours loss_scaled[reference]",
+    "ffi": "ours loss_scaled[ffi]",
+    "handwritten": "hand-written exact skip",
+    "no_reports": "ours, no host reports",
+    "amax": "ours amax_scaler",
+    "jmp": "jmp DynamicLossScale",
+    "flax": "flax DynamicScale",
+    "optax": "optax apply_if_finite",
+}
 DTYPES = {"f16": "float16", "f32": "float32"}
 COMPILE = ((10, 100, 1000), ("auto", "reference", "jmp", "flax", "optax"))  # leaves, candidates
 PASS_LEAVES = (1, 100, 10000)
-PASS_ROWS = {"call": "ours unscale_and_check[auto]", "inside": "ours[auto] inside a program",
-             "torch": "torch fused", "limit": "memory-bandwidth limit", "floor": "jit dispatch floor"}  # fmt: skip
+PASS_ROWS = {
+    "call": "ours unscale_and_check[auto]",
+    "inside": "ours[auto] inside a program",
+    "torch": "torch fused",
+    "limit": "memory-bandwidth limit",
+    "floor": "jit dispatch floor",
+}
 PASS_COLUMNS = [("call", "torch"), ("inside", "torch"), ("call", "limit"), ("inside", "limit")]
 # Each target (its row in the targets block): the figure it reads and the most that may be.
-TARGETS = {"step.f16": ("step.f16.auto", 1.0), "step.f32": ("step.f32.auto", 1.0),
-           "amax": ("step.f32.amax_vs_auto", 1.01), "compile": ("compile.auto.worst", 1.3),
-           **{f"pass.{k}": (f"pass.{k}.worst", 1.0 if k.endswith("torch") else 1.1)
-              for k in ("inside.torch", "inside.limit", "call.torch", "call.limit")}}  # fmt: skip
+TARGETS = {
+    "step.f16": ("step.f16.auto", 1.0),
+    "step.f32": ("step.f32.auto", 1.0),
+    "amax": ("step.f32.amax_vs_auto", 1.01),
+    "compile": ("compile.auto.worst", 1.3),
+    **{
+        f"pass.{k}": (f"pass.{k}.worst", 1.0 if k.endswith("torch") else 1.1)
+        for k in ("inside.torch", "inside.limit", "call.torch", "call.limit")
+    },
+}
 
 
 def _table(runs: dict[str, Any], workload: str, title_has: str) -> dict[str, Any]:
@@ -76,12 +98,12 @@ def _paired(t: dict[str, Any], row: str, base: str) -> list[float]:
     return [x / y for x, y in zip(a, b, strict=True)] if a and b else []
 
 
-def bench_figures(runs: dict[str, Any]) -> Figs:
-    f: Figs = {}
-    v: dict[str, float] = {}  # the medians that the targets read
+def _step_figures(runs: dict[str, Any], f: Figs, v: dict[str, float]) -> None:
+    """The step overhead against the plain step, per compute dtype."""
     for short, dtype in DTYPES.items():
         t = _table(runs, "1. Step overhead", f"{dtype} compute")
-        f[f"step.{short}.plain_ms"], f["step.reps"] = f"{median(_times(t, 'plain')) * 1e3:.0f} ms", str(t["reps"])  # fmt: skip
+        f[f"step.{short}.plain_ms"] = f"{median(_times(t, 'plain')) * 1e3:.0f} ms"
+        f["step.reps"] = str(t["reps"])
         pairs = [("amax_vs_auto", "amax", "auto"), ("auto_vs_handwritten", "auto", "handwritten")]
         for key, row, base in [*((k, k, "plain") for k in STEP_ROWS), *pairs]:
             if r := _paired(t, STEP_ROWS[row], STEP_ROWS.get(base, base)):
@@ -92,6 +114,10 @@ def bench_figures(runs: dict[str, Any]) -> Figs:
         peers = [v[n] for p in ("jmp", "flax", "optax") if (n := f"step.{short}.{p}") in v]
         f[f"step.{short}.peers.range"] = f"{min(peers):.2f}-{max(peers):.2f}x"
         f[f"target.peers.{short}"] = "met" if v[f"step.{short}.auto"] <= min(peers) else "not met"
+
+
+def _compile_figures(runs: dict[str, Any], f: Figs, v: dict[str, float]) -> None:
+    """Trace + compile time against the plain step, per number of leaves."""
     meds = []
     for n in COMPILE[0]:
         t = _table(runs, "3. Compile time", f", {n} parameter leaves")
@@ -101,12 +127,22 @@ def bench_figures(runs: dict[str, Any]) -> Figs:
             r = _paired(t, STEP_ROWS[key], "plain")
             f[f"compile.{n}.{key}"] = median_text(r) if r else "not run"
             meds += [median(r)] if r and key == "auto" else []
-    f["compile.auto.range"], v["compile.auto.worst"] = f"{min(meds):.1f}-{max(meds):.1f}x", max(meds)  # fmt: skip
-    ran = {int(t["title"].split(", ")[1].split()[0]): [r["name"] for r in t["rows"]]
-           for t in runs["compile"]["tables"] if t["workload"] == "3. Compile time"}  # fmt: skip
+    f["compile.auto.range"] = f"{min(meds):.1f}-{max(meds):.1f}x"
+    v["compile.auto.worst"] = max(meds)
+    ran = {
+        int(t["title"].split(", ")[1].split()[0]): [r["name"] for r in t["rows"]]
+        for t in runs["compile"]["tables"]
+        if t["workload"] == "3. Compile time"
+    }
     every = [n for n, rows in ran.items() if STEP_ROWS["auto"] in rows]
     alone = ", ".join(f"{n:,}" for n, rows in ran.items() if rows == ["plain"])
-    f["compile.leaves"] = f"{every[0]:,} to {every[-1]:,} parameter leaves" + (f" ({alone}: the plain step alone)" if alone else "")  # fmt: skip
+    f["compile.leaves"] = f"{every[0]:,} to {every[-1]:,} parameter leaves" + (
+        f" ({alone}: the plain step alone)" if alone else ""
+    )
+
+
+def _pass_figures(runs: dict[str, Any], f: Figs, v: dict[str, float]) -> None:
+    """One pass over the gradients against torch and the bandwidth limit."""
     worst: dict[str, float] = {}
     skipped = set()
     for short, dtype in DTYPES.items():
@@ -123,11 +159,18 @@ def bench_figures(runs: dict[str, Any]) -> Figs:
     gap = f" ({', '.join(sorted(skipped))}: not run)" if skipped else ""
     for name, w in worst.items():
         v[f"{name}.worst"], f[f"{name}.worst"] = w, f"{w:.2f}x{gap}"
+
+
+def _operator_figures(runs: dict[str, Any], f: Figs) -> None:
+    """torch's own GradScaler, the operator alone, and eight devices."""
     t = _table(runs, "5. torch for scale", "float16 autocast")
     f["torch.gradscaler"] = ratio_text(_paired(t, "torch GradScaler step", "torch plain step"))
     t = _table(runs, "4. The operator", "compile time")
-    for key, row in (("ffi_s", "update_scale(ffi)"), ("inexact_s", "update_scale(reference), factors 1.1"),
-                     ("reference_s", "update_scale(reference), factors 2")):  # fmt: skip
+    for key, row in (
+        ("ffi_s", "update_scale(ffi)"),
+        ("inexact_s", "update_scale(reference), factors 1.1"),
+        ("reference_s", "update_scale(reference), factors 2"),
+    ):
         f[f"op.compile.{key}"] = fd.seconds_text(median(_times(t, row)))
     for key, title in (("vmap", "vmap over 1024 states"), ("scan", "one state")):
         t = _table(runs, "4. The operator", title)
@@ -138,6 +181,15 @@ def bench_figures(runs: dict[str, Any]) -> Figs:
         t = _table(runs, "7. Eight devices", f"{layout}: MLP")
         for key in ("native", "reference"):
             f[f"multi.{layout}.{key}"] = ratio_text(_paired(t, key, "plain"))
+
+
+def bench_figures(runs: dict[str, Any]) -> Figs:
+    f: Figs = {}
+    v: dict[str, float] = {}  # the medians that the targets read
+    _step_figures(runs, f, v)
+    _compile_figures(runs, f, v)
+    _pass_figures(runs, f, v)
+    _operator_figures(runs, f)
     for name, (figure, most) in TARGETS.items():
         if figure in v:
             f[f"target.{name}"] = "met" if v[figure] <= most else "not met"
@@ -150,7 +202,10 @@ def bench_figures(runs: dict[str, Any]) -> Figs:
 
 def _runs(d: dict[str, Any], variant: str, kind: str) -> list[dict[str, Any]]:
     """The study's runs of `variant` and `kind`, by seed."""
-    return sorted((r for r in d["runs"] if (r["variant"], r["kind"]) == (variant, kind)), key=lambda r: r["seed"])  # fmt: skip
+    return sorted(
+        (r for r in d["runs"] if (r["variant"], r["kind"]) == (variant, kind)),
+        key=lambda r: r["seed"],
+    )
 
 
 def _skips(d: dict[str, Any], variant: str, kind: str) -> str:
@@ -167,12 +222,14 @@ def _power(x: float) -> str:
     return f"`2**{math.log2(x):.0f}`" if math.log2(x) == round(math.log2(x)) else f"{x:g}"
 
 
-def run_figures(f: Figs) -> None:
-    """The examples', the README commands' and the study's figures, from results/NAME.json."""
+def _example_figures(f: Figs) -> None:
+    """The demo's, the examples' and README's commands' figures, from results/NAME.json."""
     d = result("demo")
-    f["demo.eval_loss"], f["demo.baseline_eval_loss"] = f"{d['eval_loss']:.4f}", f"{d['baseline_eval_loss']:.4f}"  # fmt: skip
+    f["demo.eval_loss"] = f"{d['eval_loss']:.4f}"
+    f["demo.baseline_eval_loss"] = f"{d['baseline_eval_loss']:.4f}"
     f["demo.gap"] = f"{100 * (d['eval_loss'] / d['baseline_eval_loss'] - 1):+.1f}%"
-    f["demo.final_scale"], f["demo.last_batch_loss"] = f"{d['final_scale']:g}", f"{d['last_batch_loss']:.4f}"  # fmt: skip
+    f["demo.final_scale"] = f"{d['final_scale']:g}"
+    f["demo.last_batch_loss"] = f"{d['last_batch_loss']:.4f}"
     modes = result("transformer_lm")["modes"]
     for mode, m in modes.items():
         f[f"lm.{mode}.eval_loss"] = f"{m['eval_loss']:.4f}"
@@ -187,22 +244,36 @@ def run_figures(f: Figs) -> None:
         f[f"twin.{short}.tolerance"] = f"{d['modes'][mode]['tolerance']:g}"
     m = d["modes"]["float16+scaling"]
     changes = ", ".join(f"to {_power(v)} at step {s}" for s, v in m["scale_changes"])
-    f["twin.scales"] = ("the same at every step" if m["scales_equal"] else "different") + f" ({_power(m['first_scale'])}" + (f", changing {changes})" if changes else ", never changing)")  # fmt: skip
+    same = "the same at every step" if m["scales_equal"] else "different"
+    changing = f", changing {changes})" if changes else ", never changing)"
+    f["twin.scales"] = f"{same} ({_power(m['first_scale'])}{changing}"
     c = result("overflow_first")["excess_precision_check"]
-    f["overflow.excess.compared"], f["overflow.excess.changed"] = str(c["values_compared"]), str(len(c["changed"]))  # fmt: skip
-    for name, r in (d := result("readme_commands")["commands"]).items():
+    f["overflow.excess.compared"] = str(c["values_compared"])
+    f["overflow.excess.changed"] = str(len(c["changed"]))
+    d = result("readme_commands")["commands"]
+    for name, r in d.items():
         f[f"readme.{name}.install"] = fd.minutes_text(r["install_seconds"])
-        f[f"readme.{name}.run"], f[f"readme.{name}.jax"] = fd.minutes_text(r["run_seconds"]), r["jax"]  # fmt: skip
+        f[f"readme.{name}.run"] = fd.minutes_text(r["run_seconds"])
+        f[f"readme.{name}.jax"] = r["jax"]
     f |= {f"readme.tests.{k}": f"{n:,}" for k, n in d["tests"]["counts"].items()}
+
+
+# The search's summary counts, by figure name.
+SEARCH = {"models": "models", "structures": "structures", "kept": "kept",
+          "diverged": "twin_diverged", "fewer": "amax_fewer", "equal": "equal",
+          "skips.amax": "skips_amax", "skips.dynamic": "skips_dynamic",
+          "diverged_more": "amax_more_where_twin_diverged"}  # fmt: skip
+
+
+def _amax_figures(f: Figs) -> None:
+    """The amax search's and the amax study's figures."""
     d = result("amax_search")["summary"]
     d = {**d, "kept": d["models"] - d["twin_diverged"]}
-    for name, key in {"models": "models", "structures": "structures", "kept": "kept", "diverged": "twin_diverged",
-                      "fewer": "amax_fewer", "equal": "equal", "skips.amax": "skips_amax", "skips.dynamic": "skips_dynamic",
-                      "diverged_more": "amax_more_where_twin_diverged"}.items():  # fmt: skip
-        f[f"search.{name}"] = f"{d[key]:,}"
+    f |= {f"search.{name}": f"{d[key]:,}" for name, key in SEARCH.items()}
     d = result("amax_study")
     ev32 = [r["eval_loss"] for r in _runs(d, "default", "float32")]
-    f["amax.default.seeds"], f["amax.default.spread"] = str(len(ev32)), f"{max(ev32) - min(ev32):.4f}"  # fmt: skip
+    f["amax.default.seeds"] = str(len(ev32))
+    f["amax.default.spread"] = f"{max(ev32) - min(ev32):.4f}"
     for kind in d["settings"]["kinds"]:
         for var in {r["variant"] for r in d["runs"]}:
             if _runs(d, var, kind):
@@ -211,11 +282,13 @@ def run_figures(f: Figs) -> None:
         first = [r["first_underflow"] for r in _runs(d, "default", kind)]
         if first := [x for x in first if not math.isnan(x)]:
             f[f"amax.default.{kind}.first_underflow"] = f"{max(first):.2%}"
-    f["amax.growth.max"] = f"{max(r['growth_log2'] for r in d['runs'] if not math.isnan(r['growth_log2'])):.2f}"  # fmt: skip
-    if shares := [r for r in d["runs"] if not math.isnan(r.get("float32_only_sets_amax", math.nan))]:  # fmt: skip
-        share = [r["float32_only_sets_amax"] for r in shares]
+    growth = [r["growth_log2"] for r in d["runs"] if not math.isnan(r["growth_log2"])]
+    f["amax.growth.max"] = f"{max(growth):.2f}"
+    runs = [r for r in d["runs"] if not math.isnan(r.get("float32_only_sets_amax", math.nan))]
+    if runs:
+        share = [r["float32_only_sets_amax"] for r in runs]
         f["amax.float32_only.share"] = f"{min(share):.0%}-{max(share):.0%}"
-        f["amax.float32_only.gap"] = f"{max(r['float32_only_gap_log2'] for r in shares):.2f}"
+        f["amax.float32_only.gap"] = f"{max(r['float32_only_gap_log2'] for r in runs):.2f}"
 
 
 @cache
@@ -225,7 +298,8 @@ def figures() -> Figs:
     for name, p in entries().items():
         if not name.startswith("bench:"):
             f[f"source.{name}"] = fd.provenance_line(name, p, f"results/{name}.json")
-    run_figures(f)
+    _example_figures(f)
+    _amax_figures(f)
     return f
 
 
@@ -247,7 +321,9 @@ def _md(rows: list[list[str]], head: list[str], align: list[str] | None = None) 
 
 def _fill(f: Figs, template: str, missing: str | None = None) -> str:
     """`template` with each ``{NAME}`` the figure's text (`missing`, if given, where none is)."""
-    return re.sub(r"\{([\w.+^-]+)\}", lambda m: f[m[1]] if missing is None else f.get(m[1], missing), template)  # fmt: skip
+    return re.sub(
+        r"\{([\w.+^-]+)\}", lambda m: f[m[1]] if missing is None else f.get(m[1], missing), template
+    )
 
 
 def _template(text: str) -> Callable[[Figs], str]:
@@ -276,9 +352,14 @@ def _per_run(skip: tuple[str, ...], cell: Callable[[dict[str, Any]], str]) -> Ca
     def block(f: Figs) -> str:
         d = result("amax_study")
         cols = [k for k in d["settings"]["kinds"] if k not in skip]
-        keys = sorted({(r["variant"], r["seed"]) for r in d["runs"]}, key=lambda vs: (vs[0] != "default", vs))  # fmt: skip
+        keys = sorted(
+            {(r["variant"], r["seed"]) for r in d["runs"]}, key=lambda vs: (vs[0] != "default", vs)
+        )
         by = {(r["variant"], r["seed"], r["kind"]): r for r in d["runs"]}
-        rows = [[f"{v}, seed {s}", *(cell(by[v, s, k]) if (v, s, k) in by else "" for k in cols)] for v, s in keys]  # fmt: skip
+        rows = [
+            [f"{v}, seed {s}", *(cell(by[v, s, k]) if (v, s, k) in by else "" for k in cols)]
+            for v, s in keys
+        ]
         return _md(rows, ["run", *cols])
 
     return block
@@ -287,28 +368,65 @@ def _per_run(skip: tuple[str, ...], cell: Callable[[dict[str, Any]], str]) -> Ca
 def _study(f: Figs, stress: bool) -> str:
     d = result("amax_study")
     if not stress:
-        rows = [[k, _skips(d, "default", k), ", ".join(f"{r['eval_loss']:.4f}" for r in _runs(d, "default", k)), f"{_gap(d, 'default', k):+.4f}"] for k in d["settings"]["kinds"]]  # fmt: skip
+        rows = [
+            [
+                k,
+                _skips(d, "default", k),
+                ", ".join(f"{r['eval_loss']:.4f}" for r in _runs(d, "default", k)),
+                f"{_gap(d, 'default', k):+.4f}",
+            ]
+            for k in d["settings"]["kinds"]
+        ]
         head = ["scaler", "skipped steps per seed", "eval loss per seed", "mean gap to float32"]
-        return _md(rows, head) + f"\nfloat32's own spread over the seeds: {f['amax.default.spread']}.\n"  # fmt: skip
+        return (
+            _md(rows, head)
+            + f"\nfloat32's own spread over the seeds: {f['amax.default.spread']}.\n"
+        )
     kinds = [k for k in d["settings"]["kinds"] if k != "float32"]
-    rows = [[v, str(_runs(d, v, kinds[0])[0]["steps"]), *(_skips(d, v, k) + (f" ({_gap(d, v, k):+.4f})" if _runs(d, v, k) else "") for k in kinds)]
-            for v in sorted({r["variant"] for r in d["runs"]} - {"default"})]  # fmt: skip
+    rows = [
+        [
+            v,
+            str(_runs(d, v, kinds[0])[0]["steps"]),
+            *(
+                _skips(d, v, k) + (f" ({_gap(d, v, k):+.4f})" if _runs(d, v, k) else "")
+                for k in kinds
+            ),
+        ]
+        for v in sorted({r["variant"] for r in d["runs"]} - {"default"})
+    ]
     seeds = ", ".join(map(str, d["settings"]["stress_seeds"]))
-    return _md(rows, ["variant", "steps", *kinds]) + f"\nSkipped steps per seed ({seeds}), and the mean eval-loss gap to float32.\n"  # fmt: skip
+    return (
+        _md(rows, ["variant", "steps", *kinds])
+        + f"\nSkipped steps per seed ({seeds}), and the mean eval-loss gap to float32.\n"
+    )
 
 
 def transformer_table(f: Figs) -> str:
     modes = result("transformer_lm")["modes"]
     marks = list(next(iter(modes.values()))["smoothed_loss"])
-    rows = [[mode, *(f"{m['smoothed_loss'][k]:.4f}" for k in marks), f[f"lm.{mode}.eval_loss"], f[f"lm.{mode}.zeros"]] for mode, m in modes.items()]  # fmt: skip
+    rows = [
+        [
+            mode,
+            *(f"{m['smoothed_loss'][k]:.4f}" for k in marks),
+            f[f"lm.{mode}.eval_loss"],
+            f[f"lm.{mode}.zeros"],
+        ]
+        for mode, m in modes.items()
+    ]
     head = ["mode", *(f"step {m}" for m in marks), "eval loss", "zeros at init"]
     return _md(rows, head) + f"\nFrom {f['source.transformer_lm']}.\n"
 
 
 def demo_summary(f: Figs) -> str:
     """As the demo prints its summary's last rows."""
-    rows = [("final scale", f["demo.final_scale"]), ("last loss (batch)", f["demo.last_batch_loss"]),
-            ("loss (all data)", f"{f['demo.eval_loss']} (float32: {f['demo.baseline_eval_loss']}, {f['demo.gap']})")]  # fmt: skip
+    rows = [
+        ("final scale", f["demo.final_scale"]),
+        ("last loss (batch)", f["demo.last_batch_loss"]),
+        (
+            "loss (all data)",
+            f"{f['demo.eval_loss']} (float32: {f['demo.baseline_eval_loss']}, {f['demo.gap']})",
+        ),
+    ]
     body = "\n".join(f"| {k:<17} | {v:<40} |" for k, v in rows)
     return f"```text\n{body}\n```\n\nfrom {f['source.demo']}.\n"
 
@@ -351,8 +469,11 @@ def render(text: str) -> str:
 
 # Each picture and the results file it is drawn from: the benchmark's by `write`,
 # the others by the run that `record` makes (the same run as the data).
-PICTURES = {ROOT / "bench" / "results-summary.png": "bench", ROOT / "docs/_static/demo.png": "demo",
-            ROOT / "docs/_static/transformer_lm.png": "transformer_lm"}  # fmt: skip
+PICTURES = {
+    ROOT / "bench" / "results-summary.png": "bench",
+    ROOT / "docs/_static/demo.png": "demo",
+    ROOT / "docs/_static/transformer_lm.png": "transformer_lm",
+}
 
 
 def stale_pictures() -> list[Path]:
@@ -378,12 +499,22 @@ def draw(f: Figs, path: Path) -> None:
     top.set_yticks(range(len(keys)), [STEP_ROWS[k] for k in keys], fontsize=7)
     top.invert_yaxis()
     top.axvline(1.0, color="k", lw=0.8)
-    top.set(xlabel="median paired ratio to the plain step", title=f"Step overhead ({f['machine.bench.step']})")  # fmt: skip
-    t = {n: _table(load(BENCH)["runs"], "3. Compile time", f", {n} parameter leaves") for n in COMPILE[0]}  # fmt: skip
+    top.set(
+        xlabel="median paired ratio to the plain step",
+        title=f"Step overhead ({f['machine.bench.step']})",
+    )
+    t = {
+        n: _table(load(BENCH)["runs"], "3. Compile time", f", {n} parameter leaves")
+        for n in COMPILE[0]
+    }
     for name in ["plain", *(STEP_ROWS[k] for k in COMPILE[1])]:
         if pts := [(n, median(_times(t[n], name))) for n in COMPILE[0] if _times(t[n], name)]:
             bottom.loglog(*zip(*pts, strict=True), marker="o", label=name)
-    bottom.set(xlabel="parameter leaves", ylabel="trace + compile (s)", title=f"Compile time ({f['machine.bench.compile']})")  # fmt: skip
+    bottom.set(
+        xlabel="parameter leaves",
+        ylabel="trace + compile (s)",
+        title=f"Compile time ({f['machine.bench.compile']})",
+    )
     top.legend(fontsize=7)
     bottom.legend(fontsize=7)
     fig.tight_layout()
@@ -396,12 +527,35 @@ RECORDERS = {
     "readme_commands": ["tools/time_readme_commands.py", "--json", "{json}"],
     "transformer_lm_torch": ["examples/transformer_lm_torch.py", "--json", "{json}"],
     "demo": ["-m", "jax_amp_scale.demo", "--quiet", "--out", "{tmp}/demo.png", "--json", "{json}"],
-    "transformer_lm": ["examples/transformer_lm.py", "--check", "--out-dir", "{tmp}", "--json", "{json}"],
-    "overflow_first": ["examples/overflow_first.py", "--cost-reps", "100", "--check", "--out", "{json}"],
-    "transformer_lm_mean": ["examples/transformer_lm.py", "--global-batch-tokens", "2048",
-                            "--modes", "float32,float16", "--out-dir", "{tmp}", "--json", "{json}"],
+    "transformer_lm": [
+        "examples/transformer_lm.py",
+        "--check",
+        "--out-dir",
+        "{tmp}",
+        "--json",
+        "{json}",
+    ],
+    "overflow_first": [
+        "examples/overflow_first.py",
+        "--cost-reps",
+        "100",
+        "--check",
+        "--out",
+        "{json}",
+    ],
+    "transformer_lm_mean": [
+        "examples/transformer_lm.py",
+        "--global-batch-tokens",
+        "2048",
+        "--modes",
+        "float32,float16",
+        "--out-dir",
+        "{tmp}",
+        "--json",
+        "{json}",
+    ],
     "amax_search": ["-m", "tests._amax_search", "--json", "{json}"],
-}  # fmt: skip
+}
 
 
 def record(name: str) -> None:
@@ -409,9 +563,15 @@ def record(name: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "out.json"
         # The command as shown: without the scratch paths and the flags that take them.
-        shown = [a for a, b in zip(args, [*args[1:], ""], strict=True) if "{" not in a and not (a.startswith("--") and "{" in b)]  # fmt: skip
+        shown = [
+            a
+            for a, b in zip(args, [*args[1:], ""], strict=True)
+            if "{" not in a and not (a.startswith("--") and "{" in b)
+        ]
         info = fd.provenance(shlex.join(["python", *shown]), name)
-        subprocess.run([sys.executable, *(a.format(json=path, tmp=tmp) for a in args)], check=True, cwd=ROOT)  # fmt: skip
+        subprocess.run(
+            [sys.executable, *(a.format(json=path, tmp=tmp) for a in args)], check=True, cwd=ROOT
+        )
         write_result(name, info, json.loads(path.read_text()))
         if path.with_suffix(".md").exists():  # a report beside the figures (overflow_first)
             (fd.RESULTS / f"{name}.md").write_text(path.with_suffix(".md").read_text())
@@ -429,7 +589,9 @@ def adopt(name: str, path: Path, started: Path) -> None:
 
 
 def write_result(name: str, info: dict[str, Any], data: Any) -> None:
-    (target := fd.RESULTS / f"{name}.json").write_text(json.dumps({"provenance": info, "data": data}, indent=1) + "\n")  # fmt: skip
+    (target := fd.RESULTS / f"{name}.json").write_text(
+        json.dumps({"provenance": info, "data": data}, indent=1) + "\n"
+    )
     print(f"wrote {target.relative_to(ROOT)}")
 
 
@@ -478,7 +640,11 @@ def main(argv: list[str] | None = None) -> int:
     elif verb in ("write", "check") and not args:
         return write(check=verb == "check")
     else:
-        print(__doc__.split("\n\n")[1], f"\nrecord NAME: one of {', '.join(RECORDERS)}", file=sys.stderr)  # fmt: skip
+        print(
+            __doc__.split("\n\n")[1],
+            f"\nrecord NAME: one of {', '.join(RECORDERS)}",
+            file=sys.stderr,
+        )
         return 2
     return 0
 

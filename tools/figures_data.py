@@ -24,8 +24,10 @@ BENCH = RESULTS / "bench.json"  # bench/run_all.py: one run per workload
 # What each recorded result measures, besides the script its command names.
 PACKAGE = ["jax_amp_scale/operators", "jax_amp_scale/mechanisms", "jax_amp_scale/training", "ffi"]
 LM = ["examples/transformer_lm.py", *PACKAGE]
-SOURCES = {f"bench:{w}": ["bench/_harness.py", "bench/_steps.py", *PACKAGE]
-           for w in ("step", "unscale", "compile", "update_scale", "multidevice")}  # fmt: skip
+SOURCES = {
+    f"bench:{w}": ["bench/_harness.py", "bench/_steps.py", *PACKAGE]
+    for w in ("step", "unscale", "compile", "update_scale", "multidevice")
+}
 SOURCES |= {
     "bench:torch": ["bench/_harness.py", "bench/_steps.py"],
     "bench:exact": PACKAGE,
@@ -35,12 +37,17 @@ SOURCES |= {
     "transformer_lm_torch": ["examples/transformer_lm_torch.py", *LM],
     # Not README.md, which shows this result (writing its block would make it stale); the
     # commands are checked against the recorded ones (tests/tools/test_time_readme_commands.py).
-    "readme_commands": ["tools/time_readme_commands.py", "pyproject.toml", "tests",
-                        "jax_amp_scale", "ffi"],
+    "readme_commands": [
+        "tools/time_readme_commands.py",
+        "pyproject.toml",
+        "tests",
+        "jax_amp_scale",
+        "ffi",
+    ],
     "overflow_first": ["examples/overflow_first.py", *LM],
     "amax_search": ["tests/_amax_search.py", *PACKAGE],
     "amax_study": ["examples/amax_scaler_study.py", *LM],
-}  # fmt: skip
+}
 
 # Results shown although they are not current, each with the reason.  The currency test
 # fails on a stale result not listed here and on a listed one that is current again.
@@ -66,9 +73,13 @@ def result(name: str) -> Any:
 
 def entries() -> dict[str, dict[str, Any]]:
     """Every recorded run by name (``bench:WORKLOAD`` or the file's stem): its provenance."""
-    out = {f"bench:{w}": {**r["machine"], "command": r["command"], "sources": r.get("sources")}
-           for w, r in load(BENCH)["runs"].items()}  # fmt: skip
-    return out | {p.stem: load(p)["provenance"] for p in sorted(RESULTS.glob("*.json")) if p != BENCH}  # fmt: skip
+    out = {
+        f"bench:{w}": {**r["machine"], "command": r["command"], "sources": r.get("sources")}
+        for w, r in load(BENCH)["runs"].items()
+    }
+    return out | {
+        p.stem: load(p)["provenance"] for p in sorted(RESULTS.glob("*.json")) if p != BENCH
+    }
 
 
 def drawn_mark(name: str) -> str:
@@ -112,7 +123,9 @@ def stale(p: dict[str, Any], repo: Path = ROOT) -> str | None:
     if _git("merge-base", "--is-ancestor", commit, "HEAD", cwd=repo).returncode:
         return f"{commit}: not a commit of this history"
     # Committed changes: a stale figure cannot land, and an edit in progress fails nothing yet.
-    changed = _git("diff", "--name-only", commit, "HEAD", "--", *p["sources"], cwd=repo).stdout.split()  # fmt: skip
+    changed = _git(
+        "diff", "--name-only", commit, "HEAD", "--", *p["sources"], cwd=repo
+    ).stdout.split()
     more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
     return f"{commit}: changed since: {', '.join(changed[:3])}{more}" if changed else None
 
@@ -134,8 +147,13 @@ def provenance(command: str, name: str) -> dict[str, Any]:
     sources = SOURCES[name] + [s for s in [script_of(command)] if s]
     dirty = bool(_git("status", "--porcelain", "--", *sources).stdout.strip())
     commit = _git("rev-parse", "--short", "HEAD").stdout.strip()
-    return {**_harness.machine_info(), "command": command, "commit": commit, "dirty": dirty,
-            "sources": sources}  # fmt: skip
+    return {
+        **_harness.machine_info(),
+        "command": command,
+        "commit": commit,
+        "dirty": dirty,
+        "sources": sources,
+    }
 
 
 def machine(p: dict[str, Any]) -> str:
