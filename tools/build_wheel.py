@@ -1,13 +1,9 @@
-"""Builds the release artifacts: one sdist and, from it, the Linux x86_64 wheels.
+"""Builds the release artifacts: one sdist and, from it, a Linux x86_64 wheel per CPython.
 
     pip install -r tools/release-requirements.txt
-    python tools/build_wheel.py     # -> dist/*.tar.gz, dist/*-{cp310-cp310,cp311-cp311,cp312-abi3}-*.whl
-    python tools/build_wheel.py --python 3.11          # one wheel
-    python tools/build_wheel.py --all                  # all three, or fail (CI, a release)
-
-The wheels: one per CPython 3.10 and 3.11, and one stable-ABI wheel
-(``cp312-abi3``, built by CPython 3.12) that serves 3.12 and every later
-CPython (pyproject.toml's ``wheel.py-api``).
+    python tools/build_wheel.py     # -> dist/*.tar.gz and dist/*-cp3{10,11,12,13}-*manylinux_2_17_x86_64.whl
+    python tools/build_wheel.py --python 3.12          # one wheel
+    python tools/build_wheel.py --all                  # all four, or fail (CI, a release)
 
 The sdist is built once; each wheel is compiled from it (so the sdist is
 checked too) by ``pip wheel`` running under that CPython, with zig's clang
@@ -19,11 +15,11 @@ checked too) by ``pip wheel`` running under that CPython, with zig's clang
 
 The interpreters: ``--python 3.12`` (repeatable; a version or a path)
 chooses them, and a missing one fails the build.  By default, CPython
-3.10, 3.11 and 3.12, each looked for as ``python3.X`` on PATH or under
+3.10, 3.11, 3.12 and 3.13, each looked for as ``python3.X`` on PATH or under
 pyenv's versions folder: the ones found are built, the others skipped, and
 the build says which it skipped (at the start and again at the end).
 ``--all`` makes a missing one fail the build instead (a release ships all
-three).  The build requirements, jaxlib 0.6.0 among them (the
+four).  The build requirements, jaxlib 0.6.0 among them (the
 oldest supported jaxlib's XLA FFI headers: see pyproject.toml), come into
 an isolated environment per interpreter from the package index, as ``pip
 wheel`` takes them.  The optional CUDA module is not built here.
@@ -45,11 +41,8 @@ import zipfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Shared libraries a module may need on any manylinux system (glibc's own).
 INSTALL = "pip install -r tools/release-requirements.txt"
-# The CPythons a release serves (requires-python), and the first that the
-# stable-ABI wheel serves: the wheels are built by the CPythons up to it.
+# The CPythons a release ships a wheel for (requires-python >= 3.10).
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
-ABI3_FROM = "3.12"
-BUILT_BY = PYTHONS[: PYTHONS.index(ABI3_FROM) + 1]
 GLIBC_LIBS = {"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "ld-linux-x86-64.so.2"}
 
 
@@ -160,9 +153,9 @@ def _pythons(wanted: list[str] | None, require_all: bool) -> tuple[list[pathlib.
     Versions named with ``--python`` must exist; of the default ones, those
     found are built unless ``require_all``, where a missing one fails."""
     if wanted or require_all:
-        return [_interpreter(want) for want in (wanted or BUILT_BY)], []
+        return [_interpreter(want) for want in (wanted or PYTHONS)], []
     found, skipped = [], []
-    for want in BUILT_BY:
+    for want in PYTHONS:
         exe = _find_interpreter(want)
         if exe is None:
             skipped.append(want)
@@ -170,7 +163,7 @@ def _pythons(wanted: list[str] | None, require_all: bool) -> tuple[list[pathlib.
             found.append(exe)
     if not found:
         sys.exit(
-            f"none of CPython {', '.join(BUILT_BY)} found (python3.X on PATH or pyenv): "
+            f"none of CPython {', '.join(PYTHONS)} found (python3.X on PATH or pyenv): "
             "pass --python PATH"
         )
     return found, skipped
@@ -228,7 +221,7 @@ def main() -> None:
         "--python",
         action="append",
         metavar="VERSION_OR_PATH",
-        help=f"a CPython to build a wheel for (repeatable; default: {' '.join(BUILT_BY)})",
+        help=f"a CPython to build a wheel for (repeatable; default: {' '.join(PYTHONS)})",
     )
     ap.add_argument(
         "--all",
