@@ -52,7 +52,6 @@ SOURCES |= {
 # Results shown although they are not current, each with the reason.  The currency test
 # fails on a stale result not listed here and on a listed one that is current again.
 STALE = {
-    "readme_commands": "being timed again after the last changes",
     "amax_study": "measured at d99b097 (hours of runs); the changes since to its sources are the "
     "Ascend saturation path (not traced off Ascend), the shared argument checks, docstrings "
     "and the study's removed amax1 kind, and a run of it again at this commit gave the same "
