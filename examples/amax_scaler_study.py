@@ -69,6 +69,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from tabulate import tabulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import transformer_lm as lm
@@ -321,11 +322,8 @@ def floor_rows(cfg: lm.Config, data: np.ndarray) -> dict[str, list[float]]:
 
 
 def floor_table(rows: dict[str, list[float]]) -> str:
-    head = "| loss | " + " | ".join(f"`2**{int(np.log2(s))}`" for s in FLOOR_SCALES) + " |"
-    lines = [head, "|---" * (len(FLOOR_SCALES) + 1) + "|"]
-    for label, row in rows.items():
-        lines.append(f"| {label} | " + " | ".join(f"{f:.1e}" for f in row) + " |")
-    return "\n".join(lines)
+    head = ["loss", *(f"`2**{int(np.log2(s))}`" for s in FLOOR_SCALES)]
+    return table([[label, *(f"{f:.1e}" for f in row)] for label, row in rows.items()], head)
 
 
 def float32_only_share(r: Run) -> dict[str, float]:
@@ -521,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the default runs' and the stress variants' (2e-3); high-lr keeps 1e-2")  # fmt: skip
     p.add_argument("--out-dir", type=Path, default=Path("examples/out"))
     p.add_argument("--plot", type=Path, default=None, help="where the PNG goes")
+    p.add_argument("--json", type=Path, default=None, help="also write amax_study.json here")
     p.add_argument(
         "--rerun", default="", help="kinds to train again although --out-dir/runs has them"
     )
@@ -580,22 +579,35 @@ def main(argv: list[str] | None = None) -> int:
             for kind in stress_kinds:
                 results[(v.name, seed, kind)] = one(cfg, kind, v)
 
-    text = report(results, kinds, seeds, stress, stress_seeds, args.steps, args.sample_every)
+    settings = {
+        "steps": args.steps,
+        "seeds": seeds,
+        "stress_seeds": stress_seeds,
+        "stress_kinds": stress_kinds,
+        "kinds": kinds,
+        "layers": args.layers,
+        "d_model": args.d_model,
+        "grads": args.grads,
+        "learning_rate": args.learning_rate,
+        "sample_every": args.sample_every,
+        "margin_default": 5,
+    }
+    runs = records(results, stress, args.sample_every)
+    shown = published(runs, settings)
     floors = floor_rows(base._replace(seed=seeds[0]), data)
-    text += (
-        f"\nIn-run underflow at the first step's weights and batch (seed {seeds[0]}) "
-        f"against the scale:\n\n{floor_table(floors)}\n"
+    text = report(shown) + (
+        f"## In-run underflow at the first step's weights and batch (seed {seeds[0]}) "
+        f"against the scale\n\n{floor_table(floors)}"
     )
     (args.out_dir / "amax_study.md").write_text(text)
     summary = {
-        "settings": {"steps": args.steps, "seeds": seeds, "stress_seeds": stress_seeds, "stress_kinds": stress_kinds,
-                     "kinds": kinds, "layers": args.layers, "d_model": args.d_model, "grads": args.grads,
-                     "learning_rate": args.learning_rate,
-                     "sample_every": args.sample_every, "margin_default": 5},
-        "runs": records(results, stress, args.sample_every),
+        "settings": settings,
+        "runs": runs,
         "floor": {"scales": FLOOR_SCALES, **floors},
-    }  # fmt: skip
-    (args.out_dir / "amax_study.json").write_text(json.dumps(summary, indent=1))
+        "figures": shown,
+    }
+    for path in [args.out_dir / "amax_study.json", *([args.json] if args.json else [])]:
+        path.write_text(json.dumps(summary, indent=1))
     print(text)
     traces = {f"{v}/{s}/{k}": {"amax": r.amax.tolist(), "scale": r.scale.tolist(),
                               "skipped": r.skipped.tolist()} for (v, s, k), r in results.items()}  # fmt: skip
@@ -653,82 +665,121 @@ def underflows(results: dict[tuple[str, int, str], Run], key: tuple[str, int], k
     return (float(np.mean(f[1:])) if f[1:] else float("nan")), f[0]
 
 
-def report(results: dict[tuple[str, int, str], Run], kinds: list[str], seeds: list[int],
-           stress: list[Variant], stress_seeds: list[int], steps: int, sample_every: int) -> str:  # fmt: skip
-    f16 = [k for k in kinds if k != "float32"]
-    lines = [f"Default settings, {steps} steps, seeds {seeds}:", ""]
-    lines += ["| scaler | skipped steps per seed | eval loss per seed | mean gap to float32 "
-              "| float32 seed spread |", "|---|---|---|---|---|"]  # fmt: skip
-    ev32 = spread = None
-    if "float32" in kinds:
-        ev32 = np.array([results[("default", s, "float32")].eval_loss for s in seeds])
-        spread = float(ev32.max() - ev32.min())
-    for kind in kinds:
-        rs = [results[("default", s, kind)] for s in seeds]
-        ev = np.array([r.eval_loss for r in rs])
-        gap = float(np.mean(ev - ev32)) if ev32 is not None else float("nan")
-        lines.append(
-            f"| {kind} | {', '.join(str(int(r.skipped.sum())) for r in rs)} "
-            f"| {', '.join(f'{e:.4f}' for e in ev)} | {gap:+.4f} "
-            f"| {spread if spread is not None else float('nan'):.4f} |"
+def table(rows: list[list[str]], head: list[str]) -> str:
+    """A markdown table, the cells as given."""
+    return tabulate(rows, head, tablefmt="github", disable_numparse=True) + "\n"
+
+
+# The per-run tables: title, the scalers left out (columns) and the cell of one run's record.
+PER_RUN = {
+    "first-step": (
+        "The first step's in-run underflow",
+        ("float32",),
+        lambda r: f"{r['first_underflow']:.1e}",
+    ),
+    "underflow": (
+        "Underflow, the scale's own: mean over the sampled steps after the first (the first step)",
+        ("float32", "torch"),
+        lambda r: f"{r['scale_underflow']:.0e} ({r['first_scale_underflow']:.0e})",
+    ),
+    "past-line": (
+        "Applied steps past 65504 on the float16-path leaves (the largest / 65504)",
+        ("float32",),
+        lambda r: f"{r['past_65504_float16_path']} ({r['largest_float16_path']:.2f})",
+    ),
+    "growth": (
+        "Largest step-to-step amax growth (log2) over applied steps",
+        (),
+        lambda r: f"{r['growth_log2']:.2f}",
+    ),
+    "scales": ("Mean log2 of the scale", ("float32",), lambda r: f"{r['mean_log2_scale']:.2f}"),
+    "leaf-groups": (
+        "Steps whose amax a float32-only leaf set (its largest lead, log2)",
+        (),
+        lambda r: f"{r['float32_only_sets_amax']:.0%} ({r['float32_only_gap_log2']:.2f})",
+    ),
+}
+
+
+def published(runs: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str, str]:
+    """The figures and tables the docs show, by name, from the runs' records
+    (tools/figures.py takes them from the results file as ``amax_study.NAME``)."""
+    by = {(r["variant"], r["seed"], r["kind"]): r for r in runs}
+    kinds = settings["kinds"]
+    variants = sorted({r["variant"] for r in runs}, key=lambda v: (v != "default", v))
+
+    def of(v: str, k: str) -> list[dict[str, Any]]:
+        return sorted(
+            (r for r in runs if (r["variant"], r["kind"]) == (v, k)), key=lambda r: r["seed"]
         )
-    if stress:
-        lines += ["", f"Stress variants, seeds {stress_seeds}: skipped steps per seed "
-                  "(mean eval-loss gap to float32)", ""]  # fmt: skip
-        lines += ["| variant | steps | " + " | ".join(f16) + " |", "|---" * (len(f16) + 2) + "|"]
-        for v in stress:
-            cells = []
-            for k in f16:
-                if (v.name, stress_seeds[0], k) not in results:
-                    cells.append("")
-                    continue
-                rs = [results[(v.name, s, k)] for s in stress_seeds]
-                gaps = [r.eval_loss - results[(v.name, s, "float32")].eval_loss
-                        for s, r in zip(stress_seeds, rs, strict=True)
-                        if (v.name, s, "float32") in results]  # fmt: skip
-                gap = f" ({np.mean(gaps):+.4f})" if gaps else ""
-                cells.append(", ".join(str(int(r.skipped.sum())) for r in rs) + gap)
-            n = len(results[(v.name, stress_seeds[0], f16[0])].scale)
-            lines.append(f"| {v.name} | {n} | " + " | ".join(cells) + " |")
-    runs = sorted({(v, s) for v, s, _ in results}, key=lambda vs: (vs[0] != "default", vs))
 
-    def per_run(title: str, cols: list[str], cell: Any) -> list[str]:
-        """A table of one row per (variant, seed), `cell(run, v, s, k)` per
-        column; a cell is empty for a run not made."""
-        out = ["", title, "", "| run | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-        for v, s in runs:
-            cells = [
-                cell(results[(v, s, k)], v, s, k) if (v, s, k) in results else "" for k in cols
+    def skips(v: str, k: str) -> str:
+        return ", ".join(str(r["skipped"]) for r in of(v, k))
+
+    def gap(v: str, k: str) -> str:
+        ref = {r["seed"]: r["eval_loss"] for r in of(v, "float32")}
+        gaps = [r["eval_loss"] - ref[r["seed"]] for r in of(v, k) if r["seed"] in ref]
+        return f"{np.mean(gaps):+.4f}" if gaps else "n/a"
+
+    ev32 = [r["eval_loss"] for r in of("default", "float32")]
+    out = {"default.seeds": str(len(ev32)), "default.spread": f"{max(ev32) - min(ev32):.4f}"}
+    out |= {f"{v}.{k}.skipped": skips(v, k) for v in variants for k in kinds if of(v, k)}
+    for k in kinds:
+        out[f"default.{k}.gap"] = gap("default", k)
+        if first := [
+            r["first_underflow"] for r in of("default", k) if not np.isnan(r["first_underflow"])
+        ]:
+            out[f"default.{k}.first_underflow"] = f"{max(first):.2%}"
+    out["growth.max"] = f"{np.nanmax([r['growth_log2'] for r in runs]):.2f}"
+    if led := [r for r in runs if not np.isnan(r.get("float32_only_sets_amax", np.nan))]:
+        share = [r["float32_only_sets_amax"] for r in led]
+        out["float32_only.share"] = f"{min(share):.0%}-{max(share):.0%}"
+        out["float32_only.gap"] = f"{max(r['float32_only_gap_log2'] for r in led):.2f}"
+    rows = [
+        [
+            k,
+            skips("default", k),
+            ", ".join(f"{r['eval_loss']:.4f}" for r in of("default", k)),
+            gap("default", k),
+        ]
+        for k in kinds
+    ]
+    head = ["scaler", "skipped steps per seed", "eval loss per seed", "mean gap to float32"]
+    out["default"] = (
+        table(rows, head) + f"\nfloat32's own spread over the seeds: {out['default.spread']}.\n"
+    )
+    f16 = [k for k in kinds if k != "float32"]
+    if stress := variants[1:]:
+        rows = [
+            [
+                v,
+                str(of(v, f16[0])[0]["steps"]),
+                *(f"{skips(v, k)} ({gap(v, k)})" if of(v, k) else "" for k in f16),
             ]
-            out.append(f"| {v} seed {s} | " + " | ".join(cells) + " |")
-        return out
+            for v in stress
+        ]
+        seeds = ", ".join(map(str, settings["stress_seeds"]))
+        out["stress"] = table(rows, ["variant", "steps", *f16]) + (
+            f"\nSkipped steps per seed ({seeds}), and the mean eval-loss gap to float32.\n"
+        )
+    keys = sorted(
+        {(r["variant"], r["seed"]) for r in runs}, key=lambda vs: (vs[0] != "default", vs)
+    )
+    for name, (_, left_out, cell) in PER_RUN.items():
+        cols = [k for k in kinds if k not in left_out]
+        rows = [
+            [f"{v}, seed {s}", *(cell(by[v, s, k]) if (v, s, k) in by else "" for k in cols)]
+            for v, s in keys
+        ]
+        out[name] = table(rows, ["run", *cols])
+    return out
 
-    lines += per_run(
-        "Underflow in the run (its float16 gradient is 0 where float32's (same parameters and "
-        "batch) is not), mean over the sampled steps after the first (the first step):",
-        f16,
-        lambda r, v, s, k: f"{r.underflow:.1e} ({r.first_underflow:.1e})",
-    )
-    lines += per_run(
-        "Underflow the scale's own (float32's gradient at the run's scale is at most `2**-25`), "
-        "mean over the sampled steps after the first (the first step):",
-        f16,
-        lambda r, v, s, k: "{:.1e} ({:.1e})".format(*underflows(results, (v, s), k, sample_every)),
-    )
-    lines += per_run(
-        "Applied steps whose scaled gradient amax on the float16-path leaves (the Linear"
-        " layers; LayerNorm, embedding and position left out) passed 65504, and the largest"
-        " (/ 65504):",
-        f16,
-        lambda r, v, s, k: "{} ({:.2f})".format(*over_line(r)),
-    )
-    spikes = {v.name: v.spike_step for v in stress}
-    lines += per_run(
-        "Largest step-to-step amax growth (log2) over applied steps:",
-        kinds,
-        lambda r, v, s, k: f"{growth(r.amax, r.skipped, spikes.get(v)):.2f}",
-    )
-    return "\n".join(lines) + "\n"
+
+def report(shown: dict[str, str]) -> str:
+    """The study's tables, as ``amax_study.md`` has them."""
+    titles = {"default": "Default settings", "stress": "Stress variants"}
+    titles |= {name: title for name, (title, *_) in PER_RUN.items()}
+    return "".join(f"## {t}\n\n{shown[n]}\n" for n, t in titles.items() if n in shown)
 
 
 if __name__ == "__main__":

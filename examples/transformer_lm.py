@@ -31,22 +31,18 @@ the plain mean; float16, whose smallest subnormal is 6e-8, loses a large
 part of the gradients (the logits' gradients are about (p - y) / 2**18) to
 underflow unless the loss is scaled.  The reported losses are per-token means.
 
-Measured on Python 3.11.7's standard library, 300 steps (the default
-settings; the table is in examples/README.md): evaluation loss float32
-2.1814, float16 with scaling 2.1807, bfloat16 2.1805, float16 without
-scaling 2.9458; at initialisation 29.4% of float16's unscaled gradient
-entries are exactly zero against 8.6% in float32 (embedding rows of bytes
-absent from the batch).  With the plain mean (``--global-batch-tokens
-2048``) the gradients are 128 times larger and this small model does not
-need scaling: float32 2.1801, float16 without scaling 2.1869, and 8.6% zeros
-in both.  So the gap shown here is the one a device sees in a large
-data-parallel step, not something this model suffers at batch 32.
+What it measured, and the same with the plain mean (``--global-batch-tokens
+2048``, gradients 128 times larger, where this small model does not need
+scaling), is in examples/README.md, from ``results/transformer_lm.json``
+and ``results/transformer_lm_mean.json``: the gap there is the one a device
+sees in a large data-parallel step, not something this model suffers at
+batch 32.
 
 Output, in ``--out-dir``: ``transformer_lm.png`` (training loss of the four
-runs and the loss scale), ``transformer_lm.md`` and ``transformer_lm.csv``
-(training loss averaged over the ten steps up to fixed steps, and the final
-evaluation loss on held-out files, computed in float32 from each run's
-float32 parameters).  ``--check`` exits non-zero unless float16 with scaling
+runs and the loss scale) and ``transformer_lm.md`` (training loss averaged
+over the ten steps up to fixed steps, the final evaluation loss on held-out
+files, computed in float32 from each run's float32 parameters, and the share
+of gradient entries that are zero at initialisation).  ``--check`` exits non-zero unless float16 with scaling
 ends within ``--track-tol`` of float32's evaluation loss and float16 without
 scaling ends at least ``--behind-min`` above it.
 """
@@ -54,7 +50,6 @@ scaling ends at least ``--behind-min`` above it.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import sys
@@ -69,6 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from tabulate import tabulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stdlib_corpus
@@ -337,8 +333,14 @@ def smoothed(loss: np.ndarray, step: int) -> float:
 
 
 def figures_of(results: dict[str, RunResult], zeros: dict[str, float], cfg: Config) -> dict:
-    """The table's figures as plain numbers (``--json``)."""
+    """The table's figures as plain numbers, and as the docs show them (``--json``)."""
     marks = table_steps(len(next(iter(results.values())).loss))
+    shown = {"table": table(results, zeros)}
+    for mode, r in results.items():
+        shown[f"{mode}.eval_loss"] = f"{r.eval_loss:.4f}"
+        shown[f"{mode}.zeros"] = f"{100 * zeros[mode]:.1f}%"
+        if "float32" in results:
+            shown[f"{mode}.gap"] = f"{r.eval_loss - results['float32'].eval_loss:+.4f}"
     return {
         "config": cfg._asdict(),
         "modes": {
@@ -347,35 +349,28 @@ def figures_of(results: dict[str, RunResult], zeros: dict[str, float], cfg: Conf
                 "eval_loss": float(r.eval_loss),
                 "grad_zeros_at_init": float(zeros[mode]),
                 "final_scale": float(r.scale[-1]) if len(r.scale) else None,
+                "seconds": r.seconds,
             }
             for mode, r in results.items()
         },
+        "figures": shown,  # tools/figures.py: transformer_lm.NAME
     }
 
 
-def write_tables(results: dict[str, RunResult], zeros: dict[str, float], out: Path) -> str:
+def table(results: dict[str, RunResult], zeros: dict[str, float]) -> str:
+    """Smoothed training loss at fixed steps, the evaluation loss and the zeros at init."""
     marks = table_steps(len(next(iter(results.values())).loss))
-    header = ["mode", *[f"step {m}" for m in marks], "eval loss", "grad zeros at init"]
-    header += ["seconds", "ms/step"]
-    rows = []
-    for mode, r in results.items():
-        rows.append(
-            [
-                mode,
-                *[f"{smoothed(r.loss, m):.4f}" for m in marks],
-                f"{r.eval_loss:.4f}",
-                f"{100 * zeros[mode]:.1f}%",
-                f"{r.seconds:.1f}",
-                f"{r.step_ms:.1f}",
-            ]
-        )
-    with open(out / "transformer_lm.csv", "w", newline="") as f:
-        csv.writer(f).writerows([header, *rows])
-    md = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    md += ["| " + " | ".join(row) + " |" for row in rows]
-    text = "\n".join(md) + "\n"
-    (out / "transformer_lm.md").write_text(text)
-    return text
+    rows = [
+        [
+            mode,
+            *(f"{smoothed(r.loss, m):.4f}" for m in marks),
+            f"{r.eval_loss:.4f}",
+            f"{100 * zeros[mode]:.1f}%",
+        ]
+        for mode, r in results.items()
+    ]
+    head = ["mode", *(f"step {m}" for m in marks), "eval loss", "zeros at init"]
+    return tabulate(rows, head, tablefmt="github", disable_numparse=True) + "\n"
 
 
 def plot(results: dict[str, RunResult], cfg: Config, path: Path) -> bool:
@@ -453,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
             f"eval loss {r.eval_loss:.4f}, {r.seconds:.1f} s ({r.step_ms:.1f} ms/step)",
             flush=True,
         )
-    print(write_tables(results, zeros, args.out_dir), end="")
+    print(text := table(results, zeros), end="")
+    (args.out_dir / "transformer_lm.md").write_text(text)
     if args.json:
         args.json.write_text(json.dumps(figures_of(results, zeros, cfg), indent=1) + "\n")
     if "float16+scaling" in results and plot(results, cfg, args.out_dir / "transformer_lm.png"):

@@ -141,6 +141,23 @@ def train_torch(cfg: lm.Config, float16: bool, data: np.ndarray) -> tuple[np.nda
     return np.asarray(losses, np.float32), np.asarray(scales, np.float32)
 
 
+def power(x: float) -> str:
+    return f"`2**{math.log2(x):.0f}`" if math.log2(x).is_integer() else f"{x:g}"
+
+
+def shown(record: dict[str, Any]) -> dict[str, str]:
+    """What the docs show of the comparison."""
+    out = {"steps": str(record["steps"]), "torch": record["torch"].split("+")[0]}
+    for mode, short in (("float32", "f32"), ("float16+scaling", "f16")):
+        out[f"{short}.max_diff"] = f"{record['modes'][mode]['max_diff']:.1e}"
+        out[f"{short}.tolerance"] = f"{record['modes'][mode]['tolerance']:g}"
+    m = record["modes"]["float16+scaling"]
+    changes = ", ".join(f"to {power(v)} at step {s}" for s, v in m["scale_changes"])
+    same = "the same at every step" if m["scales_equal"] else "different"
+    changing = f", changing {changes})" if changes else ", never changing)"
+    return out | {"scales": f"{same} ({power(m['first_scale'])}{changing}"}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--steps", type=int, default=100)
@@ -194,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"diff {diff[s - 1]:.2e}"
             )
     print("all checks passed" if ok else "a check FAILED")
+    record["figures"] = shown(record)  # tools/figures.py: transformer_lm_torch.NAME
     if args.json is not None:
         args.json.write_text(json.dumps(record, indent=1))
     return 0 if ok else 1

@@ -466,10 +466,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.quiet:
             print("training the float32 (O0) baseline ...", file=sys.stderr, flush=True)
         baseline = train(args.steps, "O0", "none", (), seed=args.seed)
-    print(summary_table(result, level=args.level, scale=args.scale, baseline=baseline))
-    if args.json:
+    print(table := summary_table(result, level=args.level, scale=args.scale, baseline=baseline))
+    if args.json:  # with the table as README shows it (tools/figures.py: demo.summary)
         with open(args.json, "w") as f:
-            json.dump(summary_figures(result, baseline), f, indent=1)
+            json.dump(
+                {**summary_figures(result, baseline), "figures": {"summary": table}}, f, indent=1
+            )
     title = f"{args.level} / scale {args.scale}, adam, {args.steps} steps"
     if not args.no_plot and plot(result, args.out, baseline=baseline, title=title):
         print(f"plot written to {args.out}")

@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps(
                 {
                     "summary": summary,
+                    # What the docs show (tools/figures.py: amax_search.NAME).
+                    "figures": {k: f"{n:,}" for k, n in summary.items()}
+                    | {"kept": f"{len(kept):,}"},
                     "columns": [*fields, "model", "amax", "dynamic", "twin_diverged"],
                     "rows": table,
                 }

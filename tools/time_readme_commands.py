@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "__readme_install_done__"
@@ -100,6 +101,21 @@ def run_one(name: str, command: str, scratch: Path) -> dict[str, object]:
     return record
 
 
+def minutes(s: float) -> str:
+    """``3 min 16 s`` (whole seconds: a fresh install varies by more)."""
+    m, sec = divmod(round(s), 60)
+    return f"{m} min {sec} s" if m else f"{sec} s"
+
+
+def shown(results: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """What the docs show (tools/figures.py: readme_commands.NAME)."""
+    out = {f"tests.{k}": f"{n:,}" for k, n in results["tests"]["counts"].items()}
+    for name, r in results.items():
+        out |= {f"{name}.install": minutes(r["install_seconds"]), f"{name}.jax": r["jax"]}
+        out[f"{name}.run"] = minutes(r["run_seconds"])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=["demo", "tests"])
@@ -115,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         results = {n: run_one(n, commands[n], Path(tmp)) for n in names}
     print(json.dumps(results, indent=1))
     if args.json:
-        args.json.write_text(json.dumps({"commands": results}, indent=1))
+        args.json.write_text(json.dumps({"commands": results, "figures": shown(results)}, indent=1))
     return 0
 
 
