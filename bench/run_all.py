@@ -1,7 +1,8 @@
 """Runs every workload, each in its own process, then writes results/bench.json
 (each run with its commit, dirty flag, command, machine and sources) and the
-raw tables into bench/RESULTS.md (between its markers).  The figures, the
-targets and the picture come from that file through tools/figures.py."""
+raw tables into bench/RESULTS.md (between its markers), and draws
+bench/results-summary.png from that file.  The figures and the targets come
+from it through tools/figures.py."""
 
 from __future__ import annotations
 
@@ -86,6 +87,52 @@ def write_markdown(path: Path, header: str, body: str) -> None:
         path.write_text("# Benchmark results\n\n" + generated)
 
 
+PICTURE = HERE / "results-summary.png"
+
+
+def draw(runs: dict[str, dict], path: Path) -> None:
+    """The step's paired ratios to the plain step, and compile time against the leaves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def tables(w: str) -> list[_harness.Table]:
+        return [_harness.Table.from_json(t) for t in runs[w]["tables"]]
+
+    def machine(w: str) -> str:
+        return figures_data.machine(runs[w]["machine"])
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 8))
+    steps = tables("step")
+    names = [r.name for r in steps[0].rows[1:]]
+    for i, t in enumerate(steps):
+        ys = [j + (i - 0.5) * 0.4 for j in range(len(names))]
+        xs = [_harness.paired_ratio(t.row(n), t.rows[0]) for n in names]
+        top.barh(ys, xs, height=0.4, label=t.title.split(", ")[-1], color=f"C{i}")
+        for x, y in zip(xs, ys, strict=True):
+            top.text(x, y, f" {x:.2f}", va="center", fontsize=6)
+    top.set_yticks(range(len(names)), names, fontsize=7)
+    top.invert_yaxis()
+    top.axvline(1.0, color="k", lw=0.8)
+    top.set(
+        xlabel="median paired ratio to the plain step", title=f"Step overhead ({machine('step')})"
+    )
+    leaves = {int(t.title.split(", ")[1].split()[0]): t for t in tables("compile")}
+    for name in [r.name for r in leaves[min(leaves)].rows]:
+        pts = [
+            (n, t.row(name).median) for n, t in leaves.items() if name in [r.name for r in t.rows]
+        ]
+        bottom.loglog(*zip(*pts, strict=True), marker="o", label=name)
+    bottom.set(xlabel="parameter leaves", ylabel="trace + compile (s)")
+    bottom.set(title=f"Compile time ({machine('compile')})")
+    top.legend(fontsize=7)
+    bottom.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"drawn from": figures_data.drawn_mark("bench")})
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="tiny sizes (smoke)")
@@ -145,7 +192,9 @@ def main(argv: list[str] | None = None) -> None:
     body = "\n".join([*(s["markdown"] for s in sections), _harness.tables_markdown(tables)])
     write_markdown(out / "RESULTS.md", "\n".join(header), body + "\n")
     results.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
-    print(f"wrote {results} and {out / 'RESULTS.md'} (then: python tools/figures.py write)")
+    if {"step", "compile"} <= set(runs) and results == figures_data.BENCH:
+        draw(runs, PICTURE)
+    print(f"wrote {results}, {out / 'RESULTS.md'} and the picture (then: tools/figures.py write)")
     if not args.render and any(runs[w].get("cut") for w in args.only):
         sys.exit(3)
 

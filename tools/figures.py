@@ -1,8 +1,6 @@
 """Every published figure, from the results files that the measuring scripts wrote.
 
     python tools/figures.py record demo      # runs the demo; writes results/demo.json
-    python tools/figures.py start amax_study "python examples/amax_scaler_study.py ..." > START.json
-    python tools/figures.py adopt amax_study PATH --started START.json  # a long run's result
     python tools/figures.py write            # regenerates every figures block and picture
     python tools/figures.py check            # exit 1 when a block or picture is stale
     python tools/figures.py list             # every figure, by name
@@ -18,7 +16,6 @@ range); a target's status is computed here, once, from the default path's figure
 from __future__ import annotations
 
 import json
-import math
 import re
 import shlex
 import shutil
@@ -28,7 +25,7 @@ import tempfile
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from statistics import mean, median
+from statistics import median
 from typing import Any
 
 import figures_data as fd
@@ -200,106 +197,14 @@ def bench_figures(runs: dict[str, Any]) -> Figs:
     return f
 
 
-def _runs(d: dict[str, Any], variant: str, kind: str) -> list[dict[str, Any]]:
-    """The study's runs of `variant` and `kind`, by seed."""
-    return sorted(
-        (r for r in d["runs"] if (r["variant"], r["kind"]) == (variant, kind)),
-        key=lambda r: r["seed"],
-    )
-
-
-def _skips(d: dict[str, Any], variant: str, kind: str) -> str:
-    return ", ".join(str(r["skipped"]) for r in _runs(d, variant, kind))
-
-
-def _gap(d: dict[str, Any], variant: str, kind: str) -> float:
-    ref = {r["seed"]: r["eval_loss"] for r in _runs(d, variant, "float32")}
-    gaps = [r["eval_loss"] - ref[r["seed"]] for r in _runs(d, variant, kind) if r["seed"] in ref]
-    return mean(gaps) if gaps else math.nan
-
-
-def _power(x: float) -> str:
-    return f"`2**{math.log2(x):.0f}`" if math.log2(x) == round(math.log2(x)) else f"{x:g}"
-
-
-def _example_figures(f: Figs) -> None:
-    """The demo's, the examples' and README's commands' figures, from results/NAME.json."""
-    d = result("demo")
-    f["demo.eval_loss"] = f"{d['eval_loss']:.4f}"
-    f["demo.baseline_eval_loss"] = f"{d['baseline_eval_loss']:.4f}"
-    f["demo.gap"] = f"{100 * (d['eval_loss'] / d['baseline_eval_loss'] - 1):+.1f}%"
-    f["demo.final_scale"] = f"{d['final_scale']:g}"
-    f["demo.last_batch_loss"] = f"{d['last_batch_loss']:.4f}"
-    modes = result("transformer_lm")["modes"]
-    for mode, m in modes.items():
-        f[f"lm.{mode}.eval_loss"] = f"{m['eval_loss']:.4f}"
-        f[f"lm.{mode}.zeros"] = f"{100 * m['grad_zeros_at_init']:.1f}%"
-        f[f"lm.{mode}.gap"] = f"{m['eval_loss'] - modes['float32']['eval_loss']:+.4f}"
-    for mode, m in result("transformer_lm_mean")["modes"].items():
-        f[f"lm_mean.{mode}.eval_loss"] = f"{m['eval_loss']:.4f}"
-    d = result("transformer_lm_torch")  # the JAX example against its torch twin
-    f["twin.steps"], f["twin.torch"] = str(d["steps"]), d["torch"].split("+")[0]
-    for mode, short in (("float32", "f32"), ("float16+scaling", "f16")):
-        f[f"twin.{short}.max_diff"] = f"{d['modes'][mode]['max_diff']:.1e}"
-        f[f"twin.{short}.tolerance"] = f"{d['modes'][mode]['tolerance']:g}"
-    m = d["modes"]["float16+scaling"]
-    changes = ", ".join(f"to {_power(v)} at step {s}" for s, v in m["scale_changes"])
-    same = "the same at every step" if m["scales_equal"] else "different"
-    changing = f", changing {changes})" if changes else ", never changing)"
-    f["twin.scales"] = f"{same} ({_power(m['first_scale'])}{changing}"
-    c = result("overflow_first")["excess_precision_check"]
-    f["overflow.excess.compared"] = str(c["values_compared"])
-    f["overflow.excess.changed"] = str(len(c["changed"]))
-    d = result("readme_commands")["commands"]
-    for name, r in d.items():
-        f[f"readme.{name}.install"] = fd.minutes_text(r["install_seconds"])
-        f[f"readme.{name}.run"] = fd.minutes_text(r["run_seconds"])
-        f[f"readme.{name}.jax"] = r["jax"]
-    f |= {f"readme.tests.{k}": f"{n:,}" for k, n in d["tests"]["counts"].items()}
-
-
-# The search's summary counts, by figure name.
-SEARCH = {"models": "models", "structures": "structures", "kept": "kept",
-          "diverged": "twin_diverged", "fewer": "amax_fewer", "equal": "equal",
-          "skips.amax": "skips_amax", "skips.dynamic": "skips_dynamic",
-          "diverged_more": "amax_more_where_twin_diverged"}  # fmt: skip
-
-
-def _amax_figures(f: Figs) -> None:
-    """The amax search's and the amax study's figures."""
-    d = result("amax_search")["summary"]
-    d = {**d, "kept": d["models"] - d["twin_diverged"]}
-    f |= {f"search.{name}": f"{d[key]:,}" for name, key in SEARCH.items()}
-    d = result("amax_study")
-    ev32 = [r["eval_loss"] for r in _runs(d, "default", "float32")]
-    f["amax.default.seeds"] = str(len(ev32))
-    f["amax.default.spread"] = f"{max(ev32) - min(ev32):.4f}"
-    for kind in d["settings"]["kinds"]:
-        for var in {r["variant"] for r in d["runs"]}:
-            if _runs(d, var, kind):
-                f[f"amax.{var}.{kind}.skipped"] = _skips(d, var, kind)
-        f[f"amax.default.{kind}.gap"] = f"{_gap(d, 'default', kind):+.4f}"
-        first = [r["first_underflow"] for r in _runs(d, "default", kind)]
-        if first := [x for x in first if not math.isnan(x)]:
-            f[f"amax.default.{kind}.first_underflow"] = f"{max(first):.2%}"
-    growth = [r["growth_log2"] for r in d["runs"] if not math.isnan(r["growth_log2"])]
-    f["amax.growth.max"] = f"{max(growth):.2f}"
-    runs = [r for r in d["runs"] if not math.isnan(r.get("float32_only_sets_amax", math.nan))]
-    if runs:
-        share = [r["float32_only_sets_amax"] for r in runs]
-        f["amax.float32_only.share"] = f"{min(share):.0%}-{max(share):.0%}"
-        f["amax.float32_only.gap"] = f"{max(r['float32_only_gap_log2'] for r in runs):.2f}"
-
-
 @cache
 def figures() -> Figs:
-    """Every named figure."""
+    """Every named figure: the benchmark's, and each other results file's own (``NAME.KEY``)."""
     f = bench_figures(load(BENCH)["runs"])
     for name, p in entries().items():
         if not name.startswith("bench:"):
             f[f"source.{name}"] = fd.provenance_line(name, p, f"results/{name}.json")
-    _example_figures(f)
-    _amax_figures(f)
+            f |= {f"{name}.{k}": text for k, text in result(name)["figures"].items()}
     return f
 
 
@@ -346,112 +251,10 @@ def _template(text: str) -> Callable[[Figs], str]:
     return block
 
 
-def _per_run(skip: tuple[str, ...], cell: Callable[[dict[str, Any]], str]) -> Callable[[Figs], str]:
-    """A table of the study: a row per variant and seed, a column per scaler not in `skip`."""
-
-    def block(f: Figs) -> str:
-        d = result("amax_study")
-        cols = [k for k in d["settings"]["kinds"] if k not in skip]
-        keys = sorted(
-            {(r["variant"], r["seed"]) for r in d["runs"]}, key=lambda vs: (vs[0] != "default", vs)
-        )
-        by = {(r["variant"], r["seed"], r["kind"]): r for r in d["runs"]}
-        rows = [
-            [f"{v}, seed {s}", *(cell(by[v, s, k]) if (v, s, k) in by else "" for k in cols)]
-            for v, s in keys
-        ]
-        return _md(rows, ["run", *cols])
-
-    return block
-
-
-def _study(f: Figs, stress: bool) -> str:
-    d = result("amax_study")
-    if not stress:
-        rows = [
-            [
-                k,
-                _skips(d, "default", k),
-                ", ".join(f"{r['eval_loss']:.4f}" for r in _runs(d, "default", k)),
-                f"{_gap(d, 'default', k):+.4f}",
-            ]
-            for k in d["settings"]["kinds"]
-        ]
-        head = ["scaler", "skipped steps per seed", "eval loss per seed", "mean gap to float32"]
-        return (
-            _md(rows, head)
-            + f"\nfloat32's own spread over the seeds: {f['amax.default.spread']}.\n"
-        )
-    kinds = [k for k in d["settings"]["kinds"] if k != "float32"]
-    rows = [
-        [
-            v,
-            str(_runs(d, v, kinds[0])[0]["steps"]),
-            *(
-                _skips(d, v, k) + (f" ({_gap(d, v, k):+.4f})" if _runs(d, v, k) else "")
-                for k in kinds
-            ),
-        ]
-        for v in sorted({r["variant"] for r in d["runs"]} - {"default"})
-    ]
-    seeds = ", ".join(map(str, d["settings"]["stress_seeds"]))
-    return (
-        _md(rows, ["variant", "steps", *kinds])
-        + f"\nSkipped steps per seed ({seeds}), and the mean eval-loss gap to float32.\n"
-    )
-
-
-def transformer_table(f: Figs) -> str:
-    modes = result("transformer_lm")["modes"]
-    marks = list(next(iter(modes.values()))["smoothed_loss"])
-    rows = [
-        [
-            mode,
-            *(f"{m['smoothed_loss'][k]:.4f}" for k in marks),
-            f[f"lm.{mode}.eval_loss"],
-            f[f"lm.{mode}.zeros"],
-        ]
-        for mode, m in modes.items()
-    ]
-    head = ["mode", *(f"step {m}" for m in marks), "eval loss", "zeros at init"]
-    return _md(rows, head) + f"\nFrom {f['source.transformer_lm']}.\n"
-
-
-def demo_summary(f: Figs) -> str:
-    """As the demo prints its summary's last rows."""
-    rows = [
-        ("final scale", f["demo.final_scale"]),
-        ("last loss (batch)", f["demo.last_batch_loss"]),
-        (
-            "loss (all data)",
-            f"{f['demo.eval_loss']} (float32: {f['demo.baseline_eval_loss']}, {f['demo.gap']})",
-        ),
-    ]
-    body = "\n".join(f"| {k:<17} | {v:<40} |" for k, v in rows)
-    return f"```text\n{body}\n```\n\nfrom {f['source.demo']}.\n"
-
-
 TEMPLATES = BLOCK.finditer((ROOT / "tools" / "figures_blocks.md").read_text())
 BLOCKS: dict[str, Callable[[Figs], str]] = {m[2]: _template(m[3]) for m in TEMPLATES} | {
     "bench-sources": lambda f: "".join(
         f"- {w}: {f[f'source.bench.{w}']}\n" for w in load(BENCH)["runs"]
-    ),
-    "transformer-table": transformer_table,
-    "demo-summary": demo_summary,
-    "amax-default": lambda f: _study(f, stress=False),
-    "amax-stress": lambda f: _study(f, stress=True),
-    "amax-first-step": _per_run(("float32",), lambda r: f"{r['first_underflow']:.1e}"),
-    "amax-underflow": _per_run(
-        ("float32", "torch"),
-        lambda r: f"{r['scale_underflow']:.0e} ({r['first_scale_underflow']:.0e})",
-    ),
-    "amax-past-line": _per_run(
-        ("float32",), lambda r: f"{r['past_65504_float16_path']} ({r['largest_float16_path']:.2f})"
-    ),
-    "amax-growth": _per_run((), lambda r: f"{r['growth_log2']:.2f}"),
-    "amax-scales": _per_run(("float32",), lambda r: f"{r['mean_log2_scale']:.2f}"),
-    "amax-leaf-groups": _per_run(
-        (), lambda r: f"{r['float32_only_sets_amax']:.0%} ({r['float32_only_gap_log2']:.2f})"
     ),
 }
 
@@ -460,19 +263,21 @@ def render(text: str) -> str:
     """`text` with every figures block regenerated."""
 
     def one(m: re.Match[str]) -> str:
-        if m.group(2) not in BLOCKS:
-            raise KeyError(f"no figures block named {m.group(2)!r} (one of {sorted(BLOCKS)})")
-        return m.group(1) + BLOCKS[m.group(2)](figures()) + m.group(4)
+        name = m.group(2)
+        if name not in BLOCKS and "\n" not in figures().get(name, ""):
+            raise KeyError(f"no figures block named {name!r} (one of {sorted(BLOCKS)})")
+        text = BLOCKS[name](figures()) if name in BLOCKS else figures()[name]
+        return m.group(1) + text + m.group(4)
 
     return BLOCK.sub(one, text)
 
 
-# Each picture and the results file it is drawn from: the benchmark's by `write`,
-# the others by the run that `record` makes (the same run as the data).
+# Each picture and the results file it is drawn from, by the command that wrote that file.
 PICTURES = {
     ROOT / "bench" / "results-summary.png": "bench",
     ROOT / "docs/_static/demo.png": "demo",
     ROOT / "docs/_static/transformer_lm.png": "transformer_lm",
+    ROOT / "docs/_static/amax_scaler.png": "amax_study",
 }
 
 
@@ -481,85 +286,25 @@ def stale_pictures() -> list[Path]:
     return [p for p, name in PICTURES.items() if fd.drawn_from(p) != fd.drawn_mark(name)]
 
 
-def draw(f: Figs, path: Path) -> None:
-    """Step ratios (the pages' paired medians) and compile times, from the same figures."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = [k for k in STEP_ROWS if f"step.f16.{k}" in f or f"step.f32.{k}" in f]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 8))
-    for i, (short, dtype) in enumerate(DTYPES.items()):
-        xs = [float(f.get(f"step.{short}.{k}.median", "nan").rstrip("x")) for k in keys]
-        ys = [j + (i - 0.5) * 0.4 for j in range(len(keys))]
-        top.barh(ys, xs, height=0.4, label=f"{dtype} compute", color=f"C{i}")
-        for x, y in zip(xs, ys, strict=True):
-            top.text(x, y, f" {x:g}" if math.isfinite(x) else "", va="center", fontsize=6)
-    top.set_yticks(range(len(keys)), [STEP_ROWS[k] for k in keys], fontsize=7)
-    top.invert_yaxis()
-    top.axvline(1.0, color="k", lw=0.8)
-    top.set(
-        xlabel="median paired ratio to the plain step",
-        title=f"Step overhead ({f['machine.bench.step']})",
-    )
-    t = {
-        n: _table(load(BENCH)["runs"], "3. Compile time", f", {n} parameter leaves")
-        for n in COMPILE[0]
-    }
-    for name in ["plain", *(STEP_ROWS[k] for k in COMPILE[1])]:
-        if pts := [(n, median(_times(t[n], name))) for n in COMPILE[0] if _times(t[n], name)]:
-            bottom.loglog(*zip(*pts, strict=True), marker="o", label=name)
-    bottom.set(
-        xlabel="parameter leaves",
-        ylabel="trace + compile (s)",
-        title=f"Compile time ({f['machine.bench.compile']})",
-    )
-    top.legend(fontsize=7)
-    bottom.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, metadata={"drawn from": fd.drawn_mark("bench")})
-    plt.close(fig)
-
-
 # name -> the command that measures it ({json}: where it writes its figures; {tmp}: a scratch folder)
 RECORDERS = {
-    "readme_commands": ["tools/time_readme_commands.py", "--json", "{json}"],
-    "transformer_lm_torch": ["examples/transformer_lm_torch.py", "--json", "{json}"],
-    "demo": ["-m", "jax_amp_scale.demo", "--quiet", "--out", "{tmp}/demo.png", "--json", "{json}"],
-    "transformer_lm": [
-        "examples/transformer_lm.py",
-        "--check",
-        "--out-dir",
-        "{tmp}",
-        "--json",
-        "{json}",
-    ],
-    "overflow_first": [
-        "examples/overflow_first.py",
-        "--cost-reps",
-        "100",
-        "--check",
-        "--out",
-        "{json}",
-    ],
-    "transformer_lm_mean": [
-        "examples/transformer_lm.py",
-        "--global-batch-tokens",
-        "2048",
-        "--modes",
-        "float32,float16",
-        "--out-dir",
-        "{tmp}",
-        "--json",
-        "{json}",
-    ],
-    "amax_search": ["-m", "tests._amax_search", "--json", "{json}"],
+    "readme_commands": "tools/time_readme_commands.py --json {json}",
+    "transformer_lm_torch": "examples/transformer_lm_torch.py --json {json}",
+    "demo": "-m jax_amp_scale.demo --quiet --out {tmp}/demo.png --json {json}",
+    "transformer_lm": "examples/transformer_lm.py --check --out-dir {tmp} --json {json}",
+    "overflow_first": "examples/overflow_first.py --cost-reps 100 --check --out {json}",
+    "transformer_lm_mean": "examples/transformer_lm.py --global-batch-tokens 2048 "
+    "--modes float32,float16 --out-dir {tmp} --json {json}",
+    "amax_search": "-m tests._amax_search --json {json}",
+    "amax_study": "examples/amax_scaler_study.py --steps 150 --seeds 0,1,2 "
+    "--kinds amax,dynamic,float32 --stress init2^24-mean,accum8-mean,spike-mean,high-lr-mean "
+    "--stress-seeds 0,1,2 --stress-kinds amax,dynamic,float32 "
+    "--out-dir {tmp} --plot {tmp}/amax_study.png --json {json}",
 }
 
 
 def record(name: str) -> None:
-    args = RECORDERS[name]
+    args = RECORDERS[name].split()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "out.json"
         # The command as shown: without the scratch paths and the flags that take them.
@@ -578,14 +323,6 @@ def record(name: str) -> None:
         for picture in (p for p, of in PICTURES.items() if of == name):
             shutil.copyfile(Path(tmp) / f"{name}.png", picture)  # where its command draws it
             fd.stamp(picture, name)
-
-
-def adopt(name: str, path: Path, started: Path) -> None:
-    """A result a long run wrote: `started` is what ``start`` printed when it began."""
-    info = json.loads(started.read_text())
-    if missing := {"commit", "dirty", "command", "sources"} - set(info):
-        raise SystemExit(f"{started} lacks {sorted(missing)}: write it with `figures.py start`")
-    write_result(name, info, json.loads(path.read_text()))
 
 
 def write_result(name: str, info: dict[str, Any], data: Any) -> None:
@@ -607,13 +344,9 @@ def write(check: bool) -> int:
         except (KeyError, FileNotFoundError) as e:
             failed.append(f"{page.relative_to(ROOT)}: {e}")
     for pic in stale_pictures():
-        stale.append(str(pic.relative_to(ROOT)))
-        if not check and PICTURES[pic] == "bench":
-            draw(figures(), pic)
-        elif not check:
-            failed.append(
-                f"{pic.relative_to(ROOT)}: python tools/figures.py record {PICTURES[pic]}"
-            )
+        name = PICTURES[pic]
+        how = "bench/run_all.py --render" if name == "bench" else f"tools/figures.py record {name}"
+        failed.append(f"{pic.relative_to(ROOT)}: stale (python {how})")
     for name, p in entries().items():
         if (why := fd.stale(p)) and name not in fd.STALE:
             failed.append(f"{name}: stale ({why}): measure it again or list it in STALE")
@@ -631,10 +364,6 @@ def main(argv: list[str] | None = None) -> int:
     verb, *args = (sys.argv[1:] if argv is None else argv) or ["help"]
     if verb == "record" and len(args) == 1 and args[0] in RECORDERS:
         record(args[0])
-    elif verb == "start" and len(args) == 2:
-        print(json.dumps(fd.provenance(args[1], args[0]), indent=1))
-    elif verb == "adopt" and len(args) == 4 and args[2] == "--started":
-        adopt(args[0], Path(args[1]), Path(args[3]))
     elif verb == "list" and not args:
         print(*(f"{k:40} {v}" for k, v in sorted(figures().items())), sep="\n")
     elif verb in ("write", "check") and not args:

@@ -205,9 +205,3 @@ def verdict(values: list[float], than: str) -> str:
 
 def seconds_text(s: float) -> str:
     return f"{s:.0f} s" if s >= 10 else f"{s:.2g} s" if s >= 0.1 else f"{s * 1e3:.2g} ms"
-
-
-def minutes_text(s: float) -> str:
-    """``3 min 16 s`` (whole seconds: a fresh install varies by more)."""
-    m, sec = divmod(round(s), 60)
-    return f"{m} min {sec} s" if m else f"{sec} s"
