@@ -60,17 +60,11 @@ machine, the command, the date) and the tables beside it (``.md``).
 equal the float16 gradients, (d) sets a scale below the first overflow and
 the same one from scale 1, and the excess-precision rerun changed nothing.
 
-Measured (results/overflow_first.md, seed 0, jax 0.10.2, XLA:CPU):
-what overflows first is not an activation cotangent but a float16
-parameter gradient: the bias-gradient sums of the residual projections
-(sums over the batch's 2048 tokens) and the head's weight gradient, at
-``2**25`` on the initial weights and ``2**26`` after 300 steps, in both
-models; the largest float16 activation cotangent (the residual's, narrowed
-after attention; in all-float16 the embedding's, after the first
-LayerNorm's backward) is 2.4 to 8.2 doublings below them, and the float32-only
-gradients (embedding) 0.6 to 0.7 doublings.  A first step at scale 1 measures
-the same scale, but 10 to 25% of the transformer's float16 gradient entries
-are 0 there (none at the scale it sets).
+What it found is in results/overflow_first.md, which the run that
+``python tools/figures.py record overflow_first`` makes writes beside
+results/overflow_first.json: which tensor overflows first, at which scale,
+and how far below it the activation cotangents and the float32-only
+gradients stay.
 """
 
 from __future__ import annotations
