@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
 BENCH = RESULTS / "bench.json"  # bench/run_all.py: one run per workload
 
-# What each recorded result measures, besides the script its command names.
+# What each recorded result measures: its script and what that runs.
 PACKAGE = ["jax_amp_scale/operators", "jax_amp_scale/mechanisms", "jax_amp_scale/training", "ffi"]
 LM = ["examples/transformer_lm.py", *PACKAGE]
 SOURCES = {
@@ -51,14 +51,7 @@ SOURCES |= {
 
 # Results shown although they are not current, each with the reason.  The currency test
 # fails on a stale result not listed here and on a listed one that is current again.
-STALE = {
-    "amax_study": "measured at d99b097 (hours of runs); the changes since to its sources are the "
-    "Ascend saturation path (not traced off Ascend), the shared argument checks, docstrings "
-    "and the study's removed amax1 kind, and a run of it again at this commit gave the same "
-    "bits (tests/training/scalers/test_amax_study_current.py, slow)",
-}
-# Results whose recorded commit could not have run their command (the test lists them from git).
-FLAGS_LATER: list[str] = []
+STALE: dict[str, str] = {}
 
 
 @cache
@@ -74,7 +67,12 @@ def result(name: str) -> Any:
 def entries() -> dict[str, dict[str, Any]]:
     """Every recorded run by name (``bench:WORKLOAD`` or the file's stem): its provenance."""
     out = {
-        f"bench:{w}": {**r["machine"], "command": r["command"], "sources": r.get("sources")}
+        f"bench:{w}": {
+            **r["machine"],
+            "command": r["command"],
+            "sources": r.get("sources"),
+            "commit": r["machine"].get("jax_amp_scale commit"),
+        }
         for w, r in load(BENCH)["runs"].items()
     }
     return out | {
@@ -106,15 +104,10 @@ def _git(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
 
 
-def commit_and_dirty(p: dict[str, Any]) -> tuple[str, bool | None]:
-    """The recorded commit (bench/_harness.py: ``jax_amp_scale commit``) and dirty flag."""
-    return str(p.get("commit") or p.get("jax_amp_scale commit") or ""), p.get("dirty")
-
-
 def stale(p: dict[str, Any], repo: Path = ROOT) -> str | None:
     """None when the run is provably current: recorded clean at a commit of this
     history, and none of its source paths changed since; else why not."""
-    commit, dirty = commit_and_dirty(p)
+    commit, dirty = p.get("commit"), p.get("dirty")
     if not commit:
         return "no commit recorded"
     if dirty is None or dirty or not p.get("sources"):
@@ -130,30 +123,17 @@ def stale(p: dict[str, Any], repo: Path = ROOT) -> str | None:
     return f"{commit}: changed since: {', '.join(changed[:3])}{more}" if changed else None
 
 
-def script_of(command: str) -> str | None:
-    """The repository file a recorded command runs (``python X.py ...`` or ``-m pkg.mod``)."""
-    words = command.split()
-    if "-m" in words[:2]:
-        return words[words.index("-m") + 1].replace(".", "/") + ".py"
-    return next((w for w in words[1:2] if w.endswith(".py")), None)
-
-
 def provenance(command: str, name: str) -> dict[str, Any]:
     """What a recorder takes at the start: the machine and versions (as the benchmark
     records them), the command, the commit, and whether a source has uncommitted changes."""
     sys.path.insert(0, str(ROOT / "bench"))
     import _harness
 
-    sources = SOURCES[name] + [s for s in [script_of(command)] if s]
+    sources = SOURCES[name]
     dirty = bool(_git("status", "--porcelain", "--", *sources).stdout.strip())
     commit = _git("rev-parse", "--short", "HEAD").stdout.strip()
-    return {
-        **_harness.machine_info(),
-        "command": command,
-        "commit": commit,
-        "dirty": dirty,
-        "sources": sources,
-    }
+    run = {"command": command, "commit": commit, "dirty": dirty, "sources": sources}
+    return {**_harness.machine_info(), **run}
 
 
 def machine(p: dict[str, Any]) -> str:
@@ -162,7 +142,7 @@ def machine(p: dict[str, Any]) -> str:
 
 
 def provenance_line(name: str, p: dict[str, Any], where: str) -> str:
-    commit, dirty = commit_and_dirty(p)
+    commit, dirty = p.get("commit"), p.get("dirty")
     # The reason, not git's list of changed files: the text stays fixed between commits.
     note = f"; **stale**: {STALE[name]}" if name in STALE and stale(p) else ""
     return (
@@ -190,11 +170,6 @@ def ratio_text(values: list[float], spread: bool = True) -> str:
     return f"{med:.{d}f}x" + (f" (±{sp:.{dec}f})" if spread and sp > 0 else "")
 
 
-def median_text(values: list[float]) -> str:
-    """The median alone (for ranges and table cells)."""
-    return ratio_text(values, spread=False)
-
-
 def verdict(values: list[float], than: str) -> str:
     """``faster than X``, ``slower than X`` or ``within its spread of X``."""
     med, sp = statistics.median(values), spread_of(values)
@@ -204,4 +179,8 @@ def verdict(values: list[float], than: str) -> str:
 
 
 def seconds_text(s: float) -> str:
-    return f"{s:.0f} s" if s >= 10 else f"{s:.2g} s" if s >= 0.1 else f"{s * 1e3:.2g} ms"
+    """``12 s``, ``0.35 s``, ``4.27 ms``, ``155 ns``: two or three significant digits."""
+    if s >= 0.1:
+        return f"{s:.0f} s" if s >= 10 else f"{s:.2g} s"
+    k, unit = next(((k, u) for k, u in ((1e-3, "ms"), (1e-6, "µs")) if s >= k), (1e-9, "ns"))
+    return f"{s / k:.3g} {unit}"
