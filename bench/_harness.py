@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from tabulate import tabulate
+
 Candidate = Callable[[], Any]
 
 
@@ -194,6 +196,13 @@ def _shared(words: list[list[str]]) -> int:
     return next(diff, min(map(len, words)))
 
 
+def _cell(r: Row | None, unit: str) -> str:
+    """The median and (the paired ratio); empty where the table has no such row."""
+    if r is None:
+        return ""
+    return fmt_time(r.median, unit) + ("" if r.ratio is None else f" ({r.ratio:.3f})")
+
+
 def tables_markdown(tables: Sequence[Table]) -> str:
     """Markdown, one table per workload, unit and baseline: a row per candidate, a column per
     table (what its title does not share), each cell the median and (the paired ratio)."""
@@ -212,20 +221,19 @@ def tables_markdown(tables: Sequence[Table]) -> str:
         ratio = f" (ratio to {baseline})" if baseline is not None else ""
         reps = "/".join(dict.fromkeys(f"{t.reps} ({t.warmup})" for t in g))
         key = lambda r: r.name + (f" ({r.note})" if r.note else "")  # noqa: E731
+        rows = []
+        for n in dict.fromkeys(key(r) for t in g for r in t.rows):
+            found = [next((r for r in t.rows if key(r) == n), None) for t in g]
+            rows.append([n, *(_cell(r, t.unit) for r, t in zip(found, g, strict=True))])
+        head = ["candidate", *(heads if len(g) > 1 else ["median"])]
         out += [
             f"#### {workload}: {shared}",
             f"Median {unit}{ratio}; interleaved repetitions (warm-up runs): {reps}.",
             "",
-            "| candidate | " + " | ".join(heads if len(g) > 1 else ["median"]) + " |",
-            "|---|" + "---:|" * len(g),
+            tabulate(
+                rows, head, "github", colalign=["left", *["right"] * len(g)], disable_numparse=True
+            ),
         ]
-        for n in dict.fromkeys(key(r) for t in g for r in t.rows):
-            cells = []
-            for t in g:
-                r = next((r for r in t.rows if key(r) == n), None)
-                ratio = "" if r is None or r.ratio is None else f" ({r.ratio:.3f})"
-                cells.append("" if r is None else fmt_time(r.median, t.unit) + ratio)
-            out.append(f"| {n} | " + " | ".join(cells) + " |")
         notes = list(dict.fromkeys(n for t in g for n in t.notes))
         out += ["", *(f"- {n}" for n in notes), *([""] if notes else [])]
     return "\n".join(out)

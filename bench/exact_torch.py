@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from tabulate import tabulate
 
 import jax_amp_scale as jas
 
@@ -194,12 +195,14 @@ def section(part: str, title: str, tallies: dict[str, Tally], first: str) -> dic
     unexplained examples, and how many are unexplained."""
     kinds = sorted({k for t in tallies.values() for k in t.classes})
     head = [first, "compared", "differ", "unexplained", *kinds]
-    rule = "|---|" + "---:|" * (len(head) - 1)
-    lines = [f"#### {title}", "", f"| {' | '.join(head)} |", rule]
-    for name, t in tallies.items():
-        n = [t.compared, sum(t.classes.values()), t.unexplained]
-        n += [t.classes.get(k, 0) for k in kinds]
-        lines.append(f"| {name} | " + " | ".join(f"{c:,}" for c in n) + " |")
+    rows = [
+        [name, *(f"{c:,}" for c in [t.compared, sum(t.classes.values()), t.unexplained])]
+        + [f"{t.classes.get(k, 0):,}" for k in kinds]
+        for name, t in tallies.items()
+    ]
+    align = ["left", *["right"] * (len(head) - 1)]
+    table = tabulate(rows, head, "github", colalign=align, disable_numparse=True)
+    lines = [f"#### {title}", "", table]
     if examples := [f"- {name}: {e}" for name, t in tallies.items() for e in t.examples]:
         lines += ["", "Unexplained, first examples:", "", *examples]
     total = sum(t.unexplained for t in tallies.values())
