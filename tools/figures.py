@@ -79,7 +79,12 @@ ROWS = {
     **{name: name for name in ("ffi", "reference", "native")},
 }
 # What a verdict compares to, by the baseline's name.
-THAN = {"plain": "the plain step", "reference": "the reference", "copy": "a copy"}
+THAN = {
+    "plain": "the plain step",
+    "reference": "the reference",
+    "copy": "a copy",
+    "trivial": "a no-op",
+}
 # Each target (its row in the targets block): the figure it reads and the most that may be.
 TARGETS = {
     "step.float16": ("step.float16.auto", 1.0),
@@ -91,9 +96,9 @@ TARGETS = {
 }
 
 
-def _short(row: str) -> str:
-    """The row's name in ROWS (the row's own where none)."""
-    return next((short for prefix, short in ROWS.items() if row.startswith(prefix)), row)
+def _short(row: str) -> str | None:
+    """The row's name in ROWS (None: it has no figures)."""
+    return next((short for prefix, short in ROWS.items() if row.startswith(prefix)), None)
 
 
 def _named(runs: dict[str, Any]) -> dict[str, tuple[Table, dict[str, Row]]]:
@@ -102,7 +107,7 @@ def _named(runs: dict[str, Any]) -> dict[str, tuple[Table, dict[str, Row]]]:
     for t in (Table.from_json(t) for run in runs.values() for t in run["tables"]):
         if t.workload in TABLES and (m := re.search(TABLES[t.workload][1], t.title)):
             name = ".".join([TABLES[t.workload][0], *m.groups()]).replace(" ", "_")
-            out[name] = t, {_short(r.name): r for r in t.rows if _short(r.name) != r.name}
+            out[name] = t, {short: r for r in t.rows if (short := _short(r.name))}
     return out
 
 
@@ -113,7 +118,7 @@ def bench_figures(runs: dict[str, Any]) -> Figs:
     v: dict[str, float] = {}  # the medians that the ranges, worst cases and targets read
     tables = _named(runs)
     for name, (t, rows) in tables.items():
-        f[f"{name}.reps"], base = str(t.reps), _short(t.baseline or t.rows[0].name)
+        f[f"{name}.reps"], base = str(t.reps), _short(t.baseline or "")
         for a, row in rows.items():
             f[f"{name}.{a}.time"] = fd.seconds_text(row.median)
             for b, other in rows.items():
@@ -124,7 +129,7 @@ def bench_figures(runs: dict[str, Any]) -> Figs:
                 f[key], f[f"{key}.median"] = ratio_text(r), ratio_text(r, spread=False)
                 v[key] = median(r)
                 if b == base:
-                    f[f"{key}.verdict"] = verdict(r, THAN.get(base, base))
+                    f[f"{key}.verdict"] = verdict(r, THAN[base])
     for dt in ("float16", "float32"):
         peers = [v[f"step.{dt}.{p}"] for p in ("jmp", "flax", "optax")]
         f[f"step.{dt}.peers.range"] = f"{min(peers):.2f}-{max(peers):.2f}x"
@@ -158,7 +163,7 @@ def figures() -> Figs:
     for name, p in entries().items():
         if not name.startswith("bench:"):
             f[f"source.{name}"] = fd.provenance_line(name, p, f"results/{name}.json")
-            f |= {f"{name}.{k}": text for k, text in result(name)["figures"].items()}
+            f |= {f"{name}.{k}": text for k, text in result(name).get("figures", {}).items()}
     return f
 
 
@@ -278,8 +283,10 @@ def write(check: bool) -> int:
     ]
     for line in failed:
         print(f"cannot render {line}", file=sys.stderr)
-    done = "stale (python tools/figures.py write): " if check else "rewrote: "
-    print(done + ", ".join(stale) if stale else "every figures block is current")
+    if stale:
+        print("stale (python tools/figures.py write): " if check else "rewrote: ", *stale)
+    elif not failed:
+        print("every figures block is current")
     return int(bool(failed or (check and stale)))
 
 
