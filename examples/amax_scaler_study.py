@@ -721,8 +721,9 @@ def published(runs: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str,
         gaps = [r["eval_loss"] - ref[r["seed"]] for r in of(v, k) if r["seed"] in ref]
         return f"{np.mean(gaps):+.4f}" if gaps else "n/a"
 
-    ev32 = [r["eval_loss"] for r in of("default", "float32")]
-    out = {"default.seeds": str(len(ev32)), "default.spread": f"{max(ev32) - min(ev32):.4f}"}
+    ev32 = [r["eval_loss"] for r in of("default", "float32")]  # none without float32's runs
+    spread = f"{max(ev32) - min(ev32):.4f}" if ev32 else "n/a"
+    out = {"default.seeds": str(len(settings["seeds"])), "default.spread": spread}
     out |= {f"{v}.{k}.skipped": skips(v, k) for v in variants for k in kinds if of(v, k)}
     for k in kinds:
         out[f"default.{k}.gap"] = gap("default", k)
