@@ -221,7 +221,8 @@ def test_loss_scaled_steps_equal_with_both_passes():
 
 def test_auto_uses_the_native_calls_in_a_one_device_process():
     """auto: native calls on this one-device CPU process (the default users get)."""
-    assert jax.device_count() == 1
+    if jax.device_count() != 1:  # tests/multidevice/ in the same process: eight devices
+        pytest.skip("needs a one-device process")
     text = jax.jit(jas.unscale_and_check).lower([jnp.ones(4)], jnp.float32(2.0)).as_text()
     assert "jas_unscale_and_check" in text
     text = jax.jit(jas.update_scale).lower(jas.init_scale_state(), True).as_text()
