@@ -51,7 +51,7 @@ SOURCES |= {
 
 # Results shown although they are not current, each with the reason.  The currency test
 # fails on a stale result not listed here and on a listed one that is current again.
-STALE: dict[str, str] = {"readme_commands": "being timed again after the last changes"}
+STALE: dict[str, str] = {}
 
 
 @cache
